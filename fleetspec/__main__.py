@@ -1,0 +1,3 @@
+from fleetspec.cli import main
+
+main()

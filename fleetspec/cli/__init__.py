@@ -1,0 +1,48 @@
+"""The `fleetspec` command: options in, tables/JSON out, exit codes. No logic lives here.
+
+Each command group is its own module; this one assembles them and maps errors to exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fleetspec.errors import FleetspecError
+
+
+class FleetspecGroup(click.Group):
+    """Turns FleetspecError into one line on stderr and its exit code; never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except FleetspecError as err:
+            click.echo(f"fleetspec: {err}", err=True)
+            sys.exit(err.exit_code)
+
+
+@click.group(cls=FleetspecGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--root", envvar="FLEETSPEC_ROOT", type=click.Path(file_okay=False), default=None,
+              help="Fleet root (folder with inventory/, playbooks/, templates/). Default: walk up from here.")
+@click.option("-i", "--inventory", envvar="FLEETSPEC_INVENTORY", default=None,
+              help="Inventory name in inventory/ or a path. Default: lab.yaml, then production.yaml.")
+@click.option("--accept-new-host-key", is_flag=True, help="Trust and record host keys never seen before.")
+@click.version_option(package_name="fleetspec")
+@click.pass_context
+def main(ctx, root, inventory, accept_new_host_key):
+    """Deploy speculative-decoding changes to SGLang hosts, prove them, and roll them back."""
+    from fleetspec.cli.context import Context
+
+    ctx.obj = Context(root=root, inventory=inventory, accept_new_host_key=accept_new_host_key)
+
+
+def _register() -> None:
+    from fleetspec.cli import commands
+
+    for command in commands.ALL:
+        main.add_command(command)
+
+
+_register()
