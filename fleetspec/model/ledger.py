@@ -1,0 +1,95 @@
+"""The ledger: append-only JSON lines recording every release and every step, on the host and
+mirrored locally. Reading never crashes on a torn or corrupt line: it is skipped and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+# Release statuses, in the order a healthy deploy goes through them.
+STAGED, SWITCHED, HEALTHY = "staged", "switched", "healthy"
+FAILED, ROLLED_BACK, SUPERSEDED, PRUNED = "failed", "rolled_back", "superseded", "pruned"
+TERMINAL = {HEALTHY, FAILED, ROLLED_BACK, SUPERSEDED, PRUNED}
+
+
+def actor() -> str:
+    """Who is acting: user@machine:pid, so a ledger line and a lock name their author."""
+    return f"{os.environ.get('USER') or os.getuid()}@{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ledger line. `kind` is `step` (a step started/finished) or `status` (a release changed state)."""
+
+    kind: str
+    release: str
+    name: str
+    state: str
+    ts: float = field(default_factory=time.time)
+    by: str = field(default_factory=actor)
+    detail: dict = field(default_factory=dict)
+
+    def to_line(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), default=str)
+
+    @classmethod
+    def step(cls, release: str, name: str, state: str, **detail) -> "Entry":
+        return cls("step", release, name, state, detail=detail)
+
+    @classmethod
+    def status(cls, release: str, state: str, **detail) -> "Entry":
+        return cls("status", release, "release", state, detail=detail)
+
+
+@dataclass(frozen=True)
+class ParsedLedger:
+    entries: list[Entry]
+    skipped: list[int]  # 1-based line numbers that were torn or not ledger entries
+
+    def releases(self) -> dict[str, str]:
+        """Each release's latest status, in order of first appearance."""
+        out: dict[str, str] = {}
+        for e in self.entries:
+            if e.kind == "status":
+                out[e.release] = e.state
+            else:
+                out.setdefault(e.release, STAGED)
+        return out
+
+    def last_step(self, release: str) -> Entry | None:
+        steps = [e for e in self.entries if e.release == release and e.kind == "step"]
+        return steps[-1] if steps else None
+
+    def interrupted(self) -> list[str]:
+        """Releases that never reached a terminal status: a deploy died or was cut off mid-way."""
+        return [r for r, s in self.releases().items() if s not in TERMINAL]
+
+    def figures(self, release: str) -> dict:
+        """Gate figures recorded for a release (merged from its `gates` step entries)."""
+        merged: dict = {}
+        for e in self.entries:
+            if e.release == release and e.name == "gates" and e.detail.get("figures"):
+                merged.update(e.detail["figures"])
+        return merged
+
+
+def parse(text: str) -> ParsedLedger:
+    entries, skipped = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            entries.append(Entry(**{k: raw[k] for k in ("kind", "release", "name", "state", "ts", "by", "detail")}))
+        except (ValueError, KeyError, TypeError):
+            skipped.append(number)
+    return ParsedLedger(entries, skipped)
+
+
+def render(entries: Iterable[Entry]) -> str:
+    return "".join(e.to_line() + "\n" for e in entries)

@@ -1,0 +1,40 @@
+"""A release: one attempt to put an algo on a service. Its manifest lives in releases/<id>/."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+
+BASELINE = "baseline"
+
+
+def new_release_id(algo: str, now: float | None = None) -> str:
+    """Sortable by time, unique without coordination, and readable in `ls`."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
+    return f"{stamp}-{algo}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class Release:
+    id: str
+    host: str
+    service: str
+    algo: str
+    mode: str                      # release | in-place
+    sglang_version: str
+    argv: list[str]                # the new ExecStart
+    previous: str                  # release id or "baseline": where a revert goes
+    patchset: str | None = None    # folder name of the patch set
+    files: dict[str, str] = field(default_factory=dict)      # package path -> sha256
+    kernels: dict[str, str] = field(default_factory=dict)    # file name -> sha256
+    options: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Release":
+        return cls(**json.loads(text))
