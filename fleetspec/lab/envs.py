@@ -19,23 +19,31 @@ ENVS = CACHE / "envs"
 TORCH = "torch==2.13.0"
 SGLANG_VERSIONS = ("0.5.13.post1", "0.5.23")
 
+# Exact pins, so every machine builds the same environments from the same cached wheels.
 # What ServerArgs needs to import and parse on a CPU box (facts in shared/LAB.md), all --no-deps.
 PARSER_DEPS = [
-    "numpy", "orjson", "psutil", "pybase64", "requests", "urllib3", "idna", "certifi",
-    "charset-normalizer", "packaging", "pillow", "starlette", "anyio", "sniffio", "msgspec",
-    "pydantic", "pydantic-core", "typing-inspection", "annotated-types", "pyzmq", "tqdm",
-    "ipython", "traitlets", "pygments", "aiohttp", "multidict", "attrs", "yarl", "propcache",
-    "aiohappyeyeballs", "aiosignal", "frozenlist", "typing_extensions", "openai",
-    "partial_json_parser", "dill", "sentencepiece", "einops", "compressed_tensors", "gguf",
-    "setproctitle", "pyyaml", "filelock", "fsspec", "jinja2", "markupsafe", "sympy", "mpmath",
-    "networkx", "triton",
+    "numpy==2.4.6", "orjson==3.13.0", "psutil==7.2.2", "pybase64==1.5.1", "requests==2.34.2",
+    "urllib3==2.8.0", "idna==3.20", "certifi==2026.10.19.post1", "charset-normalizer==3.5.3",
+    "packaging==26.4", "pillow==13.0.0", "starlette==1.10.0", "anyio==4.16.0", "sniffio==1.3.1",
+    "msgspec==0.23.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "typing-inspection==0.4.5",
+    "annotated-types==0.8.0", "pyzmq==27.3.0", "tqdm==4.70.1", "ipython==9.18.1",
+    "traitlets==5.16.1", "pygments==2.21.0", "aiohttp==3.14.5", "multidict==7.2.1",
+    "attrs==26.1.0", "yarl==1.25.1", "propcache==0.5.4", "aiohappyeyeballs==2.7.1",
+    "aiosignal==1.4.0", "frozenlist==1.8.0", "typing_extensions==4.16.0", "openai==2.6.1", "distro==1.9.0", "jiter==0.19.0",
+    "partial_json_parser==0.2.1.1.post7", "dill==0.4.1", "sentencepiece==0.2.3", "einops==0.8.2",
+    "compressed_tensors==0.20.1", "gguf==0.19.0", "setproctitle==1.3.8", "pyyaml==6.0.4",
+    "filelock==4.3.1", "fsspec==2026.9.0", "jinja2==3.1.6", "markupsafe==3.0.4", "sympy==1.14.0",
+    "mpmath==1.4.1", "networkx==3.6.1", "triton==3.9.0", "httpx==0.28.1", "httpcore==1.0.9",
+    "h11==0.16.0",
 ]
 # 0.5.13.post1 also imports transformers (with its own deps). Both get the real triton wheel:
 # 0.5.13.post1's `fla` code inspects triton.autotune's signature, so a stub would break it.
 EXTRA = {
-    "0.5.13.post1": ["transformers==5.8.1", "huggingface-hub", "tokenizers",
-                     "safetensors", "regex", "hf-xet", "typer", "shellingham", "rich",
-                     "markdown-it-py", "mdurl", "httpx", "httpcore", "h11", "click"],
+    "0.5.13.post1": ["transformers==5.8.1", "huggingface-hub==1.33.0", "tokenizers==0.22.2",
+                     "safetensors==0.8.0", "regex==2026.11.19", "hf-xet==1.8.0", "typer==0.29.2",
+                     "shellingham==1.5.4", "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2",
+                     "click==8.5.1",
+                     "annotated-doc==0.0.7"],
     "0.5.23": [],
 }
 
@@ -87,6 +95,84 @@ def site_packages(env: Path) -> Path:
 
 def torchvision_stub(env: Path) -> None:
     """PyPI's torchvision needs CUDA torch; sglang only imports it, so a stub module suffices."""
-    stub = site_packages(env) / "torchvision"
+    write_torchvision_stub(site_packages(env))
+
+
+def write_torchvision_stub(site: Path) -> None:
+    stub = site / "torchvision"
     stub.mkdir(exist_ok=True)
-    (stub / "__init__.py").write_text('"""Stub: sglang imports torchvision; the lab has no vision models."""\n__version__ = "0.0.0+stub"\n')
+    for name, text in TORCHVISION_STUB.items():
+        (stub / name).parent.mkdir(parents=True, exist_ok=True)
+        (stub / name).write_text(text)
+
+
+# sglang and transformers import many names from torchvision at module level; each submodule of
+# the stub answers any attribute with a placeholder that raises only when used.
+TORCHVISION_STUB = {
+    "__init__.py": '''"""Stub torchvision: sglang imports it, these hosts serve no vision models.
+
+Every `torchvision.*` submodule exists and every attribute is a placeholder that raises when used.
+"""
+import enum
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+__version__ = "0.0.0+stub"
+
+
+class InterpolationMode(enum.Enum):
+    NEAREST = "nearest"
+    NEAREST_EXACT = "nearest-exact"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    BOX = "box"
+    HAMMING = "hamming"
+    LANCZOS = "lanczos"
+
+
+class _Placeholder:
+    def __init__(self, name):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"torchvision is a stub on this host: {self._name} is unavailable")
+
+    def __getattr__(self, item):
+        return _Placeholder(f"{self._name}.{item}")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+
+def _module_getattr(module_name):
+    def __getattr__(item):
+        if item == "InterpolationMode":
+            return InterpolationMode
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return _Placeholder(f"{module_name}.{item}")
+    return __getattr__
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = _module_getattr(spec.name)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_StubFinder())
+__getattr__ = _module_getattr(__name__)
+''',
+}
