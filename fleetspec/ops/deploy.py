@@ -1,0 +1,245 @@
+"""`fleetspec deploy HOST --algo ALGO`: put an algo on one host's service, prove it, or put it back.
+
+Read `Deploy.run` first: it is the whole operation as a list of named steps. Every step is written
+to the host's ledger before it runs and after it ends. Nothing on the host changes before `lock`;
+any failure after `switch` reverts to the previous good state (`_revert`), which is itself probed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from fleetspec.errors import DeployFailed, FleetspecError, NeedsAttention, UserError
+from fleetspec.model import ledger as L
+from fleetspec.model.release import BASELINE, Release, new_release_id
+from fleetspec.ops import preflight as preflight_mod
+from fleetspec.ops import probes, switching
+from fleetspec.ops.hoststate import HostState
+from fleetspec.remote.lock import RemoteLock
+
+q = shlex.quote
+
+
+class StepFailed(FleetspecError):
+    def __init__(self, step: str, reason: str, evidence: dict | None = None):
+        self.step, self.reason, self.evidence = step, reason, evidence or {}
+        super().__init__(f"{step}: {reason}")
+
+
+@dataclass
+class DeployRequest:
+    host: object                       # model.inventory.Host
+    playbook: object                   # model.playbook.Playbook
+    root: Path
+    mode: str = "release"
+    plan_only: bool = False
+    options: dict = field(default_factory=dict)
+    run_gates: bool = True
+    pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
+
+
+@dataclass
+class DeployOutcome:
+    host: str
+    status: str                        # healthy | rolled_back | planned | refused | needs_attention
+    release: str | None = None
+    failed_step: str | None = None
+    reason: str = ""
+    evidence: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    plan: dict | None = None
+    seconds: float = 0.0
+    engine_wait_s: float = 0.0
+    exit_code: int = 0
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+class Deploy:
+    def __init__(self, t, req: DeployRequest, echo: Callable[[str], None] = print,
+                 progress: Callable[[str | None], None] = lambda line: None):
+        self.t, self.req, self.echo, self.progress = t, req, echo, progress
+        self.host = req.host
+        self.service = req.host.vars.service
+        self.state = HostState(t, req.host.name, self.service,
+                               mirror=req.root / ".fleetspec" / "hosts" / req.host.name / self.service)
+        self.release_id = new_release_id(req.playbook.algo)
+        self.started = time.monotonic()
+        self.engine_wait = 0.0
+        self.switched = False
+        self.pf: preflight_mod.Preflight | None = None
+        self.release: Release | None = None
+        self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
+
+    # The operation --------------------------------------------------------------------------
+    def run(self) -> DeployOutcome:
+        self.pf = preflight_mod.run(self.t, self.req, self.echo)       # read-only; refuses bad input
+        if self.req.plan_only:
+            return self._outcome("planned", plan=switching.plan(self.t, self.pf, self.state))
+        with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id) as lock:
+            self.lock = lock
+            try:
+                self.step("preflight", self._record_preflight)
+                self.step("baseline", self._baseline)
+                self.step("stage", self._stage)
+                self.step("smoke", self._smoke)
+                self.step("render", self._render)
+                self.step("switch", self._switch)
+                self.step("restart", self._restart)
+                self.step("probes", self._probes)
+                self.step("gates", self._gates)
+            except StepFailed as failure:
+                if not self.switched:
+                    self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+                    return self._outcome("failed", failure=failure, exit_code=1)
+                return self._revert(failure)
+            self.step("commit", self._commit)
+        return self._outcome("healthy")
+
+    # Step machinery -------------------------------------------------------------------------
+    def step(self, name: str, fn: Callable[[], dict | None]) -> None:
+        if self.req.pause_at == name:
+            self._pause(name)
+        self.state.record(L.Entry.step(self.release_id, name, "started"))
+        self.echo(f"[{self.host.name}] {name}")
+        try:
+            detail = fn() or {}
+        except StepFailed as failure:
+            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=failure.reason,
+                                           evidence=failure.evidence))
+            raise
+        except FleetspecError as err:
+            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=str(err)))
+            raise StepFailed(name, str(err)) from err
+        self.state.record(L.Entry.step(self.release_id, name, "ok", **detail))
+
+    def _pause(self, name: str) -> None:
+        """Test hook (FLEETSPEC_PAUSE_AT): announce the step and wait to be killed or continued."""
+        import os
+        import signal
+
+        print(f"FLEETSPEC-PAUSED {name} {os.getpid()}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _mark(self, status: str, **detail) -> None:
+        self.state.record(L.Entry.status(self.release_id, status, **detail))
+
+    # Steps ------------------------------------------------------------------------------------
+    def _record_preflight(self) -> dict:
+        return self.pf.summary()
+
+    def _baseline(self) -> dict:
+        baseline = self.state.read_baseline()
+        if baseline is None:
+            baseline = preflight_mod.take_baseline(self.t, self.pf)
+            self.state.write_baseline(baseline)
+            self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
+                      f"(unit sha256 {baseline.unit_sha256[:12]})")
+        drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins)
+        if drift:
+            raise StepFailed("baseline", "the service changed by hand since the baseline: " + "; ".join(drift)
+                             + f" — review it, then run: fleetspec baseline {self.host.name} --retake")
+        self.pf.baseline = baseline
+        self.previous = self.state.current()
+        return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
+
+    def _stage(self) -> dict:
+        self.release = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
+                                       mode=self.req.mode, echo=self.echo)
+        self._mark(L.STAGED)
+        return {"files": len(self.release.files), "kernels": len(self.release.kernels),
+                "sent_bytes": switching.LAST_SENT.get(self.host.name, 0)}
+
+    def _smoke(self) -> dict:
+        return switching.smoke(self.t, self.pf, self.state, self.release)
+
+    def _render(self) -> dict:
+        return switching.render_release(self.t, self.pf, self.state, self.release)
+
+    def _switch(self) -> dict:
+        self._mark(L.SWITCHED, previous=self.previous or BASELINE)
+        self.switched = True
+        switching.activate(self.t, self.state, self.release)
+        return {}
+
+    def _restart(self) -> dict:
+        self.restarts_before = switching.restart(self.t, self.service)
+        return {"n_restarts_before": self.restarts_before}
+
+    def _probes(self) -> dict:
+        spec = self.pf.probe_spec(self.pf.playbook_algorithm)
+        began = time.monotonic()
+        result = probes.wait_healthy(self.t, self.service, spec, since_restarts=self.restarts_before,
+                                     progress=self._progress)
+        self.engine_wait += time.monotonic() - began
+        self._progress(None)
+        if not result.ok:
+            evidence = dict(result.evidence, journal=switching.journal_tail(self.t, self.service))
+            raise StepFailed("probes", f"{result.stage}: {result.reason}", evidence)
+        return {"waited_s": round(result.waited_s, 2), "served": result.evidence.get("speculative_algorithm"),
+                "accept_length": result.evidence.get("generate", {}).get("accept_length")}
+
+    def _gates(self) -> dict:
+        if not self.req.run_gates:
+            return {"skipped": True}
+        from fleetspec.ops import gates
+
+        verdicts = gates.evaluate(self.t, self.pf, self.state, self.release, echo=self.echo)
+        figures = {v.name: v.figures for v in verdicts}
+        self.figures = figures
+        blocking = [v for v in verdicts if v.blocks]
+        if blocking:
+            raise StepFailed("gates", "; ".join(f"{v.name} {v.verdict}: {v.reason}" for v in blocking),
+                             {"figures": figures})
+        return {"figures": figures}
+
+    def _commit(self) -> dict:
+        self._mark(L.HEALTHY)
+        pruned = switching.prune(self.t, self.state, keep=self.pf.keep_releases)
+        return {"pruned": pruned}
+
+    # Failure path -----------------------------------------------------------------------------
+    def _revert(self, failure: StepFailed) -> DeployOutcome:
+        """Put the previous good state back, prove it healthy, and say what failed and why."""
+        self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
+        self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
+        self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+        try:
+            self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
+            result = switching.revert_to(self.t, self.pf, self.state, self.previous, progress=self._progress)
+            self._progress(None)
+        except FleetspecError as err:
+            result = probes.ProbeResult(False, "revert", str(err))
+        if not result.ok:
+            self.state.record(L.Entry.step(self.release_id, "revert", "failed", reason=result.reason))
+            return self._outcome("needs_attention", failure=failure, exit_code=3,
+                                 reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
+                                 command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
+                                         f"{self.state.layout.release(self.release_id)}/rollback.sh)")
+        self.state.record(L.Entry.step(self.release_id, "revert", "ok"))
+        self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
+        return self._outcome("rolled_back", failure=failure, exit_code=1)
+
+    # Output -----------------------------------------------------------------------------------
+    def _progress(self, line: str | None) -> None:
+        self.progress(f"[{self.host.name}] {line}" if line else None)
+
+    def _outcome(self, status: str, *, failure: StepFailed | None = None, exit_code: int = 0,
+                 reason: str = "", plan: dict | None = None, command: str | None = None) -> DeployOutcome:
+        out = DeployOutcome(self.host.name, status, None if plan else self.release_id,
+                            failure.step if failure else None,
+                            reason or (f"{failure.step}: {failure.reason}" if failure else ""),
+                            failure.evidence if failure else {}, getattr(self, "figures", {}), plan,
+                            round(time.monotonic() - self.started, 2), round(self.engine_wait, 2), exit_code)
+        if command:
+            out.evidence["command"] = command
+        return out
+

@@ -1,0 +1,108 @@
+"""fleetspec's own state on one host for one service: ledger, baseline, releases, current.
+
+Every write is temp-then-rename (or a single O_APPEND line for the ledger) and the ledger is
+mirrored to the fleet root's .fleetspec/ folder, so a host that dies keeps its story locally too.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetspec.model import ledger as ledger_model
+from fleetspec.model.baseline import Baseline
+from fleetspec.model.layout import HostLayout
+from fleetspec.model.release import BASELINE, Release
+from fleetspec.remote import files
+
+q = shlex.quote
+ABSENT = "__FLEETSPEC_ABSENT__"
+DROPIN_NAME = "50-fleetspec.conf"
+
+
+def dropin_path(service: str) -> str:
+    return f"/etc/systemd/system/{service}.d/{DROPIN_NAME}"
+
+
+@dataclass
+class HostState:
+    t: object                     # remote.transport.Transport
+    host: str
+    service: str
+    mirror: Path | None = None    # local folder for the ledger/baseline copies
+
+    def __post_init__(self):
+        self.layout = HostLayout(self.service)
+        self.dropin = dropin_path(self.service)
+
+    # ledger -----------------------------------------------------------------------------
+    def record(self, entry: ledger_model.Entry) -> None:
+        line = entry.to_line()
+        self.t.run_script(f"mkdir -p {q(str(self.layout.base))} && chmod 0755 {q(str(self.layout.base))} && "
+                          + files.append_line(str(self.layout.ledger), line), timeout=30)
+        if self.mirror:
+            self.mirror.mkdir(parents=True, exist_ok=True)
+            with open(self.mirror / "ledger.jsonl", "a") as fh:
+                fh.write(line + "\n")
+
+    def ledger(self) -> ledger_model.ParsedLedger:
+        text = self.t.run_script(files.read_optional(str(self.layout.ledger), ""), timeout=30).stdout
+        return ledger_model.parse(text)
+
+    # baseline ---------------------------------------------------------------------------
+    def read_baseline(self) -> Baseline | None:
+        text = self.t.run_script(files.read_optional(str(self.layout.baseline / "baseline.json"), ABSENT),
+                                 timeout=30).stdout
+        return None if text == ABSENT else Baseline.from_json(text)
+
+    def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> None:
+        """Build baseline.tmp/, then rename it into place: a baseline is whole or absent."""
+        base = str(self.layout.baseline)
+        tmp = base + files.TMP_SUFFIX
+        self.t.run_script(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)}/dropins", timeout=30)
+        self.t.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o644)
+        self.t.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=0o644)
+        for i, (path, data) in enumerate(sorted(baseline.dropins.items())):
+            self.t.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=0o644)
+        if replace:
+            old = base + ".old"
+            self.t.run_script(f"rm -rf {q(old)}; if [ -d {q(base)} ]; then mv -T {q(base)} {q(old)}; fi && "
+                              f"mv -T {q(tmp)} {q(base)} && rm -rf {q(old)}", timeout=30)
+        else:
+            self.t.run_script(f"[ ! -e {q(base)} ] && mv -T {q(tmp)} {q(base)}", timeout=30)
+        if self.mirror:
+            self.mirror.mkdir(parents=True, exist_ok=True)
+            (self.mirror / "baseline.json").write_text(baseline.to_json())
+
+    # releases ---------------------------------------------------------------------------
+    def current(self) -> str | None:
+        """The release `current` points at, or None (the baseline)."""
+        out = self.t.run_script(f"readlink {q(str(self.layout.current))} || true", timeout=30).stdout.strip()
+        return Path(out).name if out else None
+
+    def read_release(self, release_id: str) -> Release:
+        path = self.layout.release(release_id) / "manifest.json"
+        return Release.from_json(self.t.get_bytes(str(path)).decode())
+
+    def release_exists(self, release_id: str) -> bool:
+        path = self.layout.release(release_id) / "manifest.json"
+        return self.t.run_script(f"test -f {q(str(path))}", timeout=30, check=False).rc == 0
+
+    def healthy_releases(self) -> list[str]:
+        return [r for r, s in self.ledger().releases().items() if s == ledger_model.HEALTHY]
+
+    def dropin_bytes(self) -> bytes | None:
+        text = self.t.run_script(files.read_optional(self.dropin, ABSENT), timeout=30).stdout
+        return None if text == ABSENT else text.encode()
+
+    def target_label(self, release_id: str | None) -> str:
+        return release_id or BASELINE
+
+
+def load_json(text: str) -> dict:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}

@@ -1,0 +1,119 @@
+"""Probing a service after a restart until it proves it serves the expected algorithm.
+
+`systemctl restart` returns 0 even for a unit that crashes, so readiness is decided only by what
+the service answers: /ready, /health, /server_info (the resolved algorithm) and a real greedy
+/generate. /v1/models answers before warm-up and is never used. While waiting, the unit's state
+is read too, so a crash-looping unit fails the probe at once instead of at the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fleetspec.remote.facts import systemd as systemd_fact
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    stage: str                  # the last stage reached: unit, ready, health, server_info, generate
+    reason: str = ""
+    waited_s: float = 0.0
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    port: int
+    expected_algorithm: str | None      # resolved name, e.g. DDTREE, EAGLE, DFLASH; None: don't check
+    ready_timeout: float = 900.0
+    interval: float = 0.5
+    prompt: str = "The capital of France is"
+    max_new_tokens: int = 16
+    api_key: str | None = None
+
+
+def _headers(spec: ProbeSpec) -> dict:
+    return {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+
+
+def _unit_state(t, service: str):
+    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30).stdout)
+
+
+def wait_healthy(t, service: str, spec: ProbeSpec, *, since_restarts: int | None = None,
+                 progress: Callable[[str], None] = lambda _: None, clock=time.monotonic) -> ProbeResult:
+    """Poll until the service generates with the expected algorithm, it crashes, or the deadline."""
+    start = clock()
+    delay = spec.interval
+    last = "no answer yet"
+    while True:
+        waited = clock() - start
+        unit = _unit_state(t, service)
+        if unit.active_state == "failed" or (
+            since_restarts is not None and unit.n_restarts is not None and unit.n_restarts > since_restarts
+        ):
+            return ProbeResult(False, "unit", f"{service} crashed (ActiveState={unit.active_state}, "
+                               f"Result={unit.result}, NRestarts={unit.n_restarts})", waited,
+                               {"unit": unit.active_state, "result": unit.result})
+        ready = _get(t, spec, "/ready")
+        if ready is not None and ready[0] == 200:
+            return _after_ready(t, spec, waited)
+        last = f"/ready {ready[0]}" if ready else "/ready: connection refused"
+        progress(f"waiting for {service}: {unit.active_state}/{unit.sub_state}, {last}, "
+                 f"{waited:.0f}s of {spec.ready_timeout:.0f}s")
+        if waited >= spec.ready_timeout:
+            return ProbeResult(False, "ready", f"not ready after {spec.ready_timeout:.0f}s ({last})", waited)
+        time.sleep(min(delay, max(0.0, spec.ready_timeout - waited)))
+        delay = min(delay * 1.5, 5.0)
+
+
+def _get(t, spec: ProbeSpec, path: str):
+    try:
+        r = t.http("GET", spec.port, path, timeout=10, headers=_headers(spec))
+        return r.status, r.body
+    except OSError:
+        return None
+
+
+def _after_ready(t, spec: ProbeSpec, waited: float) -> ProbeResult:
+    health = _get(t, spec, "/health")
+    if health is None or health[0] != 200:
+        return ProbeResult(False, "health", f"/health answered {health[0] if health else 'nothing'}", waited,
+                           {"health": health[0] if health else None})
+    info = _get(t, spec, "/server_info")
+    if info is None or info[0] != 200:
+        return ProbeResult(False, "server_info", f"/server_info answered {info[0] if info else 'nothing'}", waited)
+    try:
+        served = json.loads(info[1]).get("speculative_algorithm")
+    except ValueError:
+        return ProbeResult(False, "server_info", "/server_info is not JSON", waited)
+    if spec.expected_algorithm and str(served).upper() != spec.expected_algorithm.upper():
+        return ProbeResult(False, "server_info", f"serves {served}, expected {spec.expected_algorithm}", waited,
+                           {"speculative_algorithm": served})
+    gen = generate(t, spec, spec.prompt, spec.max_new_tokens)
+    if not gen.get("text") or not gen.get("ok"):
+        return ProbeResult(False, "generate", f"greedy /generate failed: {gen.get('error') or 'empty text'}",
+                           waited, {"generate": gen})
+    return ProbeResult(True, "generate", "", waited, {"speculative_algorithm": served, "generate": gen})
+
+
+def generate(t, spec: ProbeSpec, prompt: str, max_new_tokens: int, temperature: float = 0.0) -> dict:
+    body = {"text": prompt, "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens}}
+    try:
+        r = t.http("POST", spec.port, "/generate", json=body, timeout=120, headers=_headers(spec))
+    except OSError as err:
+        return {"ok": False, "error": str(err)}
+    if r.status != 200:
+        return {"ok": False, "error": f"HTTP {r.status}: {r.body[:200]!r}"}
+    try:
+        data = json.loads(r.body)
+    except ValueError:
+        return {"ok": False, "error": "not JSON"}
+    meta = data.get("meta_info", {})
+    return {"ok": True, "text": data.get("text", ""), "output_ids": data.get("output_ids"),
+            "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct"),
+            "completion_tokens": meta.get("completion_tokens"), "latency": meta.get("e2e_latency")}
