@@ -1,0 +1,276 @@
+"""The inventory: which hosts exist, how to reach them, and the facts about them we cannot probe.
+
+Loaded from `inventory/*.yaml` (schema in DEVELOPING.md) into frozen dataclasses; every mistake is
+one ConfigError naming the file and key. Vars merge defaults < groups (in file order) < host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from fleetspec.errors import ConfigError, UserError
+from fleetspec.model.yamlload import Fields, describe, load_yaml_file
+
+POLICIES = ("strict", "accept-new")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_JUMP = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>[^@\s:\[\]]+|\[[0-9a-fA-F:.]+\])(?::(?P<port>\d+))?$")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A value read from the environment at use time, so the inventory never holds the secret."""
+
+    env: str
+
+    def value(self) -> str | None:
+        return os.environ.get(self.env)
+
+    def __repr__(self) -> str:
+        return f"SecretRef(env={self.env!r})"
+
+
+@dataclass(frozen=True)
+class HostVars:
+    python: str = "/root/ml-env/bin/python3"
+    service: str = "sglang.service"
+    api_port: int = 30000
+    model_path: str | None = None
+    draft_model_path: str | None = None
+    gpu_count: int | None = None
+    tags: tuple[str, ...] = ()
+    api_key: SecretRef | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def template_view(self) -> dict[str, Any]:
+        """What templates and playbook expressions see as `host.*` (secrets stay references)."""
+        view = dict(self.extra)
+        view.update(python=self.python, service=self.service, api_port=self.api_port,
+                    model_path=self.model_path, draft_model_path=self.draft_model_path,
+                    gpu_count=self.gpu_count, tags=list(self.tags))
+        return view
+
+
+VAR_KINDS: dict[str, type | tuple] = {
+    "python": str, "service": str, "api_port": int, "model_path": str, "draft_model_path": str,
+    "gpu_count": int, "tags": list, "api_key": dict, "extra": dict,
+}
+
+
+@dataclass(frozen=True)
+class JumpHost:
+    address: str
+    port: int = 22
+    user: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    port: int = 22
+    user: str = "root"
+    ssh_key: Path | None = None
+    known_hosts: Path | None = None
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    command_timeout: float = 300.0
+    jump: JumpHost | None = None
+    vars: HostVars = field(default_factory=HostVars)
+    groups: tuple[str, ...] = ()
+    inventory_path: Path | None = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How OpenSSH writes this host in known_hosts: bare for port 22, else `[addr]:port`."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    @property
+    def is_hybrid_tagged(self) -> bool:
+        return "hybrid" in self.vars.tags
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    hosts: Mapping[str, Host]
+    groups: Mapping[str, tuple[str, ...]]
+
+    def select(self, tokens: Iterable[str] = (), all_hosts: bool = False) -> list[Host]:
+        """Hosts named by `name`, `@group` or all of them, in inventory order, each once."""
+        tokens = list(tokens)
+        if all_hosts:
+            return list(self.hosts.values())
+        wanted: list[str] = []
+        for token in tokens:
+            if token.startswith("@"):
+                group = token[1:]
+                if group == "all":
+                    names = list(self.hosts)
+                elif group in self.groups:
+                    names = list(self.groups[group])
+                else:
+                    known = ", ".join("@" + g for g in self.groups) or "none"
+                    raise UserError(f"unknown group {token!r} in {self.path} (groups: {known})")
+            elif token in self.hosts:
+                names = [token]
+            else:
+                known = ", ".join(self.hosts) or "none"
+                raise UserError(f"unknown host {token!r} in {self.path} (hosts: {known})")
+            wanted.extend(n for n in names if n not in wanted)
+        order = list(self.hosts)
+        return [self.hosts[n] for n in sorted(wanted, key=order.index)]
+
+
+def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
+    """-i NAME|PATH > $FLEETSPEC_INVENTORY > inventory/lab.yaml > inventory/production.yaml."""
+    name = name or os.environ.get("FLEETSPEC_INVENTORY")
+    inv_dir = Path(root) / "inventory"
+    if name:
+        candidates = [Path(name).expanduser()]
+        if "/" not in name:
+            candidates = [inv_dir / name, inv_dir / f"{name}.yaml", inv_dir / f"{name}.yml", *candidates]
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate.resolve()
+        raise UserError(f"inventory {name!r} not found (looked in {inv_dir} and as a path)")
+    for default in ("lab.yaml", "production.yaml"):
+        if (inv_dir / default).is_file():
+            return (inv_dir / default).resolve()
+    raise UserError(f"no inventory: {inv_dir} has neither lab.yaml nor production.yaml (use -i)")
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    path = Path(path)
+    top = Fields(load_yaml_file(path), path)
+    defaults = top.sub("defaults")
+    groups_f = top.sub("groups")
+    group_vars_f = top.sub("group_vars")
+    hosts_f = top.sub("hosts", required=True)
+    top.done()
+
+    base = _connection_fields(defaults, path, {})
+    base_vars = dict(defaults.sub("vars").data)
+    _check_vars(defaults.sub("vars"))
+    defaults.done()
+
+    raw_hosts = hosts_f.data
+    if not raw_hosts:
+        hosts_f.fail(None, "expected at least one host")
+    for name in raw_hosts:
+        if not isinstance(name, str) or not _NAME.match(name):
+            hosts_f.fail(str(name), "host names are letters, digits, '.', '_' or '-'")
+
+    groups: dict[str, tuple[str, ...]] = {}
+    for gname, members in groups_f.data.items():
+        key = groups_f.key(str(gname))
+        if not isinstance(gname, str) or not _NAME.match(gname) or gname == "all":
+            raise ConfigError(path, key, "group names are letters, digits, '.', '_' or '-' (not 'all')")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise ConfigError(path, key, f"expected a list of host names, got {describe(members)}")
+        for i, member in enumerate(members):
+            if member not in raw_hosts:
+                raise ConfigError(path, f"{key}[{i}]", f"unknown host {member!r} (not under hosts)")
+        groups[gname] = tuple(dict.fromkeys(members))
+
+    group_vars: dict[str, dict] = {}
+    for gname in group_vars_f.data:
+        if gname not in groups:
+            group_vars_f.fail(str(gname), "no such group under groups")
+        sub = group_vars_f.sub(gname)
+        _check_vars(sub)
+        group_vars[gname] = dict(sub.data)
+    group_vars_f.done()
+
+    hosts: dict[str, Host] = {}
+    for name in raw_hosts:
+        f = hosts_f.sub(name, required=True)
+        member_of = tuple(g for g, m in groups.items() if name in m)
+        merged = dict(base_vars)
+        for g in member_of:
+            merged.update(group_vars.get(g, {}))
+        own = f.sub("vars")
+        _check_vars(own)
+        merged.update(own.data)
+        conn = _connection_fields(f, path, base)
+        address = f.get("address", str, required=True)
+        jump_text = f.get("jump", str, None)
+        f.done()
+        hosts[name] = Host(
+            name=name, address=address, jump=_parse_jump(jump_text, path, f.key("jump")),
+            vars=_build_vars(merged, path, f"hosts.{name}.vars"), groups=member_of,
+            inventory_path=path.resolve(), **conn,
+        )
+    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
+
+
+def _connection_fields(f: Fields, path: Path, base: dict) -> dict:
+    """user, port, keys, policy and timeouts; relative paths are relative to the inventory file."""
+    out = dict(base)
+    out["user"] = f.get("user", str, out.get("user", "root"))
+    port = f.get("port", int, out.get("port", 22))
+    if not 1 <= port <= 65535:
+        f.fail("port", f"expected a port number 1-65535, got {port}")
+    out["port"] = port
+    for key in ("ssh_key", "known_hosts"):
+        value = f.get(key, str, None)
+        if value is not None:
+            p = Path(value).expanduser()
+            out[key] = (p if p.is_absolute() else path.parent / p).resolve()
+        else:
+            out.setdefault(key, None)
+    if out.get("ssh_key") is not None and "ssh_key" in f.data and not out["ssh_key"].is_file():
+        f.fail("ssh_key", f"key file {out['ssh_key']} not found")
+    out["host_key_policy"] = f.choice("host_key_policy", POLICIES, out.get("host_key_policy", "strict"))
+    for key, default in (("connect_timeout", 10.0), ("command_timeout", 300.0)):
+        value = f.get(key, float, out.get(key, default))
+        if value <= 0:
+            f.fail(key, f"expected a positive number of seconds, got {value}")
+        out[key] = float(value)
+    return out
+
+
+def _check_vars(f: Fields) -> None:
+    for key, value in f.data.items():
+        if key not in VAR_KINDS:
+            f.fail(str(key), f"unknown var (known: {', '.join(VAR_KINDS)}; put others under extra)")
+        f.get(key, VAR_KINDS[key], None)
+    f.done()
+
+
+def _build_vars(merged: dict, path: Path, key: str) -> HostVars:
+    values = dict(merged)
+    if "tags" in values:
+        tags = values["tags"]
+        if not all(isinstance(t, str) for t in tags):
+            raise ConfigError(path, f"{key}.tags", "expected a list of strings")
+        values["tags"] = tuple(tags)
+    if "api_key" in values:
+        spec = Fields(values["api_key"], path, f"{key}.api_key")
+        env = spec.get("secret_env", str, required=True)
+        spec.done()
+        values["api_key"] = SecretRef(env)
+    if "api_port" in values and not 1 <= values["api_port"] <= 65535:
+        raise ConfigError(path, f"{key}.api_port", f"expected a port number 1-65535, got {values['api_port']}")
+    if "extra" in values:
+        values["extra"] = MappingProxyType(dict(values["extra"]))
+    return HostVars(**values)
+
+
+def _parse_jump(text: str | None, path: Path, key: str) -> JumpHost | None:
+    if text is None:
+        return None
+    m = _JUMP.match(text.strip())
+    if not m:
+        raise ConfigError(path, key, f"expected [user@]host[:port], got {text!r}")
+    port = int(m["port"] or 22)
+    if not 1 <= port <= 65535:
+        raise ConfigError(path, key, f"expected a port number 1-65535, got {port}")
+    return JumpHost(address=m["host"].strip("[]"), port=port, user=m["user"])

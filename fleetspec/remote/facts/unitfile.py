@@ -1,0 +1,249 @@
+"""Reading unit files as systemd 252 does (pure): sections, continuation lines, ExecStart= words.
+
+`systemctl show` joins argv[] with plain spaces (systemctl-show.c: `strv_join(info.argv, " ")`),
+so an argument holding a space cannot be told apart there; the unit file and its drop-ins are the
+exact source. This module follows load-fragment.c's config_parse_exec: words are split with
+extract_first_word(UNQUOTE|CUNESCAPE), a lone unquoted `;` separates commands (`\\;` is a literal
+`;`), leading `-@:+!` on the first word are flags, and `%%` is resolved per word; `$$` is left for
+the exec step (expand_dollars), exactly as systemd stores it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+WHITESPACE = " \t\n\r"
+_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+           "\\": "\\", '"': '"', "'": "'", "s": " "}
+
+
+class UnitSyntaxError(ValueError):
+    """Text that systemd would refuse (or that needs specifiers only systemd can resolve)."""
+
+
+def _cunescape_one(text: str, i: int) -> tuple[str, int]:
+    """The character of the escape that starts at text[i] (after the backslash); new index."""
+    if i >= len(text):
+        raise UnitSyntaxError("trailing backslash")
+    c = text[i]
+    if c in _SIMPLE:
+        return _SIMPLE[c], i + 1
+    if c == "x":
+        digits = text[i + 1:i + 3]
+        if len(digits) == 2 and all(d in "0123456789abcdefABCDEF" for d in digits):
+            value = int(digits, 16)
+            if value == 0:
+                raise UnitSyntaxError("\\x00 is not allowed")
+            return chr(value), i + 3
+    if c in "uU":
+        n = 4 if c == "u" else 8
+        digits = text[i + 1:i + 1 + n]
+        if len(digits) == n and all(d in "0123456789abcdefABCDEF" for d in digits):
+            value = int(digits, 16)
+            if value == 0 or value > 0x10FFFF:
+                raise UnitSyntaxError(f"bad \\{c} escape")
+            return chr(value), i + 1 + n
+    if c in "01234567":
+        digits = text[i:i + 3]
+        if len(digits) == 3 and all(d in "01234567" for d in digits):
+            value = int(digits, 8)
+            if value == 0 or value > 0o377:
+                raise UnitSyntaxError("bad octal escape")
+            return chr(value), i + 3
+    raise UnitSyntaxError(f"unknown escape \\{c}")
+
+
+def extract_word(text: str, i: int) -> tuple[str | None, int]:
+    """extract_first_word(UNQUOTE|CUNESCAPE): the next word from text[i:] and the new index."""
+    n = len(text)
+    while i < n and text[i] in WHITESPACE:
+        i += 1
+    if i >= n:
+        return None, i
+    out: list[str] = []
+    quote = None
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == quote:
+                quote = None
+                i += 1
+            elif c == "\\":
+                ch, i = _cunescape_one(text, i + 1)
+                out.append(ch)
+            else:
+                out.append(c)
+                i += 1
+        elif c in WHITESPACE:
+            break
+        elif c in "\"'":
+            quote = c
+            i += 1
+        elif c == "\\":
+            ch, i = _cunescape_one(text, i + 1)
+            out.append(ch)
+        else:
+            out.append(c)
+            i += 1
+    if quote:
+        raise UnitSyntaxError("unbalanced quotes")
+    return "".join(out), i
+
+
+def resolve_specifiers(word: str, specifiers: dict[str, str] | None = None) -> str:
+    """`%%` -> `%`; other specifiers from `specifiers`, else UnitSyntaxError (only systemd knows)."""
+    specifiers = specifiers or {}
+    out, i = [], 0
+    while i < len(word):
+        c = word[i]
+        if c == "%":
+            if i + 1 >= len(word):
+                raise UnitSyntaxError("trailing %")
+            s = word[i + 1]
+            if s == "%":
+                out.append("%")
+            elif s in specifiers:
+                out.append(specifiers[s])
+            else:
+                raise UnitSyntaxError(f"specifier %{s} needs the unit's context")
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class ExecCommand:
+    path: str
+    argv: tuple[str, ...]
+    flags: str = ""  # the prefix characters, e.g. "-" for ignore_errors
+
+
+def parse_exec(value: str, specifiers: dict[str, str] | None = None) -> list[ExecCommand]:
+    """The commands of one ExecStart= value, argv as systemd stores it (`$$` not yet expanded)."""
+    commands: list[ExecCommand] = []
+    i, n = 0, len(value)
+    while True:
+        first, i = extract_word(value, i)
+        if first is None:
+            break
+        m = re.match(r"^[-@:+!]*", first)
+        flags, word0 = m.group(0), first[m.end():]
+        path = resolve_specifiers(word0, specifiers)
+        if not path:
+            raise UnitSyntaxError("empty executable")
+        argv = [path]
+        if "@" in flags:
+            nxt, i = extract_word(value, i)
+            if nxt is None:
+                raise UnitSyntaxError("@ without argv[0]")
+            argv = [resolve_specifiers(nxt, specifiers)]
+        while True:
+            j = i
+            while j < n and value[j] in WHITESPACE:
+                j += 1
+            if j >= n:
+                i = j
+                break
+            if value[j] == ";" and (j + 1 >= n or value[j + 1] in WHITESPACE):
+                i = j + 1
+                break
+            if value[j:j + 2] == "\\;" and (j + 2 >= n or value[j + 2] in WHITESPACE):
+                argv.append(";")
+                i = j + 2
+                continue
+            word, i = extract_word(value, j)
+            argv.append(resolve_specifiers(word, specifiers))
+        commands.append(ExecCommand(path=path, argv=tuple(argv), flags=flags))
+    return commands
+
+
+_VAR = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand_dollars(argv: tuple[str, ...] | list[str]) -> tuple[list[str], bool]:
+    """argv as the process gets it when no variables are referenced: `$$` -> `$`.
+
+    Returns (argv, uses_variables); with variables only systemd knows the values, so the
+    caller must treat the result as approximate.
+    """
+    out, uses = [], False
+    for word in argv:
+        pieces, i = [], 0
+        while i < len(word):
+            if word.startswith("$$", i):
+                pieces.append("$")
+                i += 2
+            elif word[i] == "$" and _VAR.match(word, i):
+                uses = True
+                m = _VAR.match(word, i)
+                pieces.append(m.group(0))
+                i = m.end()
+            else:
+                pieces.append(word[i])
+                i += 1
+        out.append("".join(pieces))
+    return out, uses
+
+
+@dataclass
+class UnitFile:
+    """Assignments per section in file order (a key may repeat; empty values reset lists)."""
+
+    sections: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+    def values(self, section: str, key: str) -> list[str]:
+        return [v for k, v in self.sections.get(section, []) if k == key]
+
+
+def parse_unit(text: str) -> UnitFile:
+    """Sections and key=value assignments; `#`/`;` comment lines; a trailing `\\` continues."""
+    unit = UnitFile()
+    section = None
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if not line or line[0] in "#;":
+            continue
+        while _odd_trailing_backslash(line):
+            line = line[:-1] + " "
+            while i < len(lines):
+                nxt = lines[i].strip()
+                i += 1
+                if nxt and nxt[0] in "#;":
+                    continue
+                line += nxt
+                break
+            else:
+                break
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            unit.sections.setdefault(section, [])
+            continue
+        if section is None or "=" not in line:
+            raise UnitSyntaxError(f"not an assignment: {line[:60]!r}")
+        key, _, value = line.partition("=")
+        unit.sections[section].append((key.strip(), value.strip()))
+    return unit
+
+
+def _odd_trailing_backslash(line: str) -> bool:
+    stripped = line.rstrip("\\")
+    return (len(line) - len(stripped)) % 2 == 1
+
+
+def exec_start_of(unit_texts: list[str], specifiers: dict[str, str] | None = None) -> list[ExecCommand]:
+    """The effective ExecStart= of a unit file followed by its drop-ins (in systemd's order):
+    an empty `ExecStart=` clears what came before."""
+    commands: list[ExecCommand] = []
+    for text in unit_texts:
+        for value in parse_unit(text).values("Service", "ExecStart"):
+            if value == "":
+                commands = []
+            else:
+                commands.extend(parse_exec(value, specifiers))
+    return commands

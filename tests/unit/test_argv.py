@@ -1,0 +1,124 @@
+"""Deriving the new ExecStart from ct129's real one, and reading the algorithm back."""
+
+import pytest
+
+from fleetspec.errors import UserError
+from fleetspec.model.playbook import load_playbook, parse_overrides
+from fleetspec.ops.argv import (derive_argv, render_flags, resolve_options,
+                                speculative_algorithm_from_argv, split_speculative)
+
+CT129 = ("/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B "
+         "--port 30000 --host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 --context-length 131072 "
+         "--max-running-requests 16 --mamba-full-memory-ratio 0.5 --mamba-scheduler-strategy extra_buffer "
+         "--reasoning-parser qwen3 --tool-call-parser qwen3_coder --speculative-algo NEXTN "
+         "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4").split()
+NON_SPEC = CT129[:CT129.index("--speculative-algo")]
+
+
+def test_ct129_speculative_group_dropped_everything_else_kept():
+    kept, dropped, at = split_speculative(CT129)
+    assert kept == NON_SPEC
+    assert dropped == ["--speculative-algo", "NEXTN", "--speculative-num-steps", "3",
+                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    assert at == len(NON_SPEC)
+
+
+def test_ct129_derive_puts_new_group_in_place():
+    new = ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"]
+    assert derive_argv(CT129, new) == NON_SPEC + new
+
+
+def test_derive_equals_form_and_middle_position_and_negative_values():
+    base = ["/py", "-m", "sglang.launch_server", "--speculative-algorithm=EAGLE", "--speculative-eagle-topk", "-1",
+            "--port", "30000", "--speculative-num-steps=3", "--host", "0.0.0.0"]
+    assert derive_argv(base, ["--speculative-algorithm", "X"]) == [
+        "/py", "-m", "sglang.launch_server", "--speculative-algorithm", "X", "--port", "30000", "--host", "0.0.0.0"]
+
+
+def test_derive_without_speculative_group_appends():
+    base = ["/py", "-m", "sglang.launch_server", "--port", "1"]
+    assert derive_argv(base, ["--speculative-algorithm", "X"]) == base + ["--speculative-algorithm", "X"]
+    assert derive_argv(CT129, []) == NON_SPEC
+
+
+def test_multi_value_speculative_option_dropped_whole():
+    base = ["/py", "--speculative-foo", "a", "b", "--port", "1"]
+    assert derive_argv(base, []) == ["/py", "--port", "1"]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (CT129, "NEXTN"),
+    (["/py", "--speculative-algorithm", "EAGLE3"], "EAGLE3"),
+    (["/py", "--speculative-algorithm=DFLASH"], "DFLASH"),
+    (["/py", "--speculative-algo=DDTREE"], "DDTREE"),
+    (["/py", "--speculative-al", "NGRAM"], "NGRAM"),
+    (["/py", "--speculative-algorithm", "A", "--speculative-algo", "B"], "B"),
+    (["/py", "--speculative-num-steps", "3"], None),
+    (["/py", "--speculative-a", "X"], None),  # ambiguous with --speculative-accept-*
+    (["/py", "--port", "1"], None),
+])
+def test_speculative_algorithm_from_argv(argv, expected):
+    assert speculative_algorithm_from_argv(argv) == expected
+
+
+DDTREE = """\
+algo: ddtree
+speculative_algorithm: DDTREE
+options: {budget: 64, topk_cap: 8, verify: auto, ratio: 0.5, trace: false}
+hybrid: {option: verify, auto: shadow-linear, refuse: [tree], otherwise: tree}
+launch:
+  flags:
+    - [--speculative-algorithm, DDTREE]
+    - [--speculative-draft-model-path, "{{ host.draft_model_path }}"]
+    - [--speculative-ddtree-budget, "{{ options.budget }}"]
+    - {flag: [--speculative-ddtree-shadow-linear], when: "options.verify == 'shadow-linear'"}
+    - {flag: [--speculative-ddtree-trace], when: "options.trace"}
+"""
+
+
+@pytest.fixture
+def ddtree(tmp_path):
+    (tmp_path / "ddtree.yaml").write_text(DDTREE)
+    return load_playbook(tmp_path / "ddtree.yaml")
+
+
+HOST = {"draft_model_path": "/root/models/Qwen3.6-27B-DFlash", "model_path": "/m"}
+
+
+def test_render_hybrid_auto_becomes_shadow_linear(ddtree):
+    resolved = resolve_options(ddtree, {}, hybrid=True)
+    assert resolved.values["verify"] == "shadow-linear"
+    assert "hybrid" in resolved.notes[0]
+    assert render_flags(ddtree, HOST, resolved.values) == [
+        "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/root/models/Qwen3.6-27B-DFlash",
+        "--speculative-ddtree-budget", "64", "--speculative-ddtree-shadow-linear"]
+
+
+def test_render_pure_attention_auto_becomes_tree_and_overrides_are_typed(ddtree):
+    overrides = parse_overrides(ddtree, ["budget=32", "trace=yes", "ratio=0.25"])
+    assert overrides == {"budget": 32, "trace": True, "ratio": 0.25}
+    resolved = resolve_options(ddtree, overrides, hybrid=False)
+    flags = render_flags(ddtree, HOST, resolved.values)
+    assert resolved.values["verify"] == "tree"
+    assert "--speculative-ddtree-shadow-linear" not in flags
+    assert flags[-1] == "--speculative-ddtree-trace" and "32" in flags
+
+
+def test_hybrid_refuses_tree(ddtree):
+    with pytest.raises(UserError, match="refused on a hybrid target"):
+        resolve_options(ddtree, {"verify": "tree"}, hybrid=True)
+    assert resolve_options(ddtree, {"verify": "tree"}, hybrid=False).values["verify"] == "tree"
+
+
+@pytest.mark.parametrize("pair,msg", [("budget=lots", "expected int"), ("nosuch=1", "no option"),
+                                      ("trace=maybe", "expected bool"), ("budget", "NAME=VALUE")])
+def test_bad_overrides(ddtree, pair, msg):
+    with pytest.raises(UserError, match=msg):
+        parse_overrides(ddtree, [pair])
+
+
+def test_undefined_host_var_is_one_line(ddtree):
+    with pytest.raises(UserError, match="draft_model_path"):
+        render_flags(ddtree, {"model_path": "/m"}, resolve_options(ddtree, {}, True).values)
+    with pytest.raises(UserError, match="rendered empty"):
+        render_flags(ddtree, {"draft_model_path": None}, resolve_options(ddtree, {}, True).values)
