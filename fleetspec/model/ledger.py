@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 # Release statuses, in the order a healthy deploy goes through them.
+STARTED = "started"
 STAGED, SWITCHED, HEALTHY = "staged", "switched", "healthy"
 FAILED, ROLLED_BACK, SUPERSEDED, PRUNED = "failed", "rolled_back", "superseded", "pruned"
 TERMINAL = {HEALTHY, FAILED, ROLLED_BACK, SUPERSEDED, PRUNED}
@@ -58,7 +59,7 @@ class ParsedLedger:
             if e.kind == "status":
                 out[e.release] = e.state
             else:
-                out.setdefault(e.release, STAGED)
+                out.setdefault(e.release, STARTED)
         return out
 
     def last_step(self, release: str) -> Entry | None:

@@ -134,7 +134,8 @@ class Deploy:
 
     # Steps ------------------------------------------------------------------------------------
     def _record_preflight(self) -> dict:
-        return self.pf.summary()
+        abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id)
+        return dict(self.pf.summary(), abandoned=abandoned)
 
     def _baseline(self) -> dict:
         baseline = self.state.read_baseline()

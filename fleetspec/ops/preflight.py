@@ -1,0 +1,281 @@
+"""Preflight: read everything about a host that a deploy depends on, and refuse before touching it.
+
+Read-only. One batched round trip gathers the facts; then the checks run in order, each a
+one-line refusal naming the host and what was expected: service found and healthy, no
+interrupted deploy left switched, sglang version has a patch set and its base files are pristine,
+kernels' ABI matches, hybrid guard, disk, model paths.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from fleetspec.errors import NeedsAttention, UserError
+from fleetspec.model import ledger as L
+from fleetspec.model.baseline import Baseline
+from fleetspec.model.layout import HostLayout
+from fleetspec.model.playbook import load_playbook_for
+from fleetspec.ops import argv as argv_ops
+from fleetspec.ops import probes
+from fleetspec.ops.hoststate import DROPIN_NAME, HostState
+from fleetspec.remote import facts
+from fleetspec.remote.facts import disk as disk_fact
+from fleetspec.remote.facts import model_config as model_fact
+from fleetspec.remote.facts import sglang as sglang_fact
+from fleetspec.remote.facts import systemd as systemd_fact
+from fleetspec.remote.facts import torch as torch_fact
+from fleetspec.remote.facts import unitfile
+
+q = shlex.quote
+MIN_FREE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class Preflight:
+    host: object
+    root: Path
+    playbook: object
+    service: str
+    python: str
+    unit: object                                  # facts.systemd result
+    unit_bytes: bytes
+    dropins: dict[str, bytes]                     # admin drop-ins, fleetspec's own excluded
+    exec_argv: list[str]
+    sglang: object                                # facts.sglang result
+    torch: object
+    hybrid: bool
+    options: argv_ops.ResolvedOptions
+    new_argv: list[str]
+    patchset: object | None
+    kernels: list
+    notes: list[str] = field(default_factory=list)
+    baseline: Baseline | None = None
+    keep_releases: int = 3
+    guard: dict | None = None
+
+    @property
+    def layout(self) -> HostLayout:
+        return HostLayout(self.service)
+
+    @property
+    def playbook_algorithm(self) -> str:
+        return self.playbook.speculative_algorithm
+
+    @property
+    def patchset_name(self) -> str | None:
+        return self.patchset.path.name if self.patchset else None
+
+    # What the later steps need -----------------------------------------------------------------
+    def patch_files(self) -> dict[str, bytes]:
+        return self.patchset.file_bytes() if self.patchset else {}
+
+    def kernel_files(self) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for kernel in self.kernels:
+            out.update(kernel.file_bytes())
+        return out
+
+    def overlay_script(self, patch_dir: str, dest: str) -> str:
+        from fleetspec.remote.overlay import overlay_script
+
+        return overlay_script(self.sglang.site_packages, patch_dir, dest, self.patchset)
+
+    def smoke_scripts(self, kernels_dir: str):
+        from fleetspec.ops import smoke
+
+        return smoke.scripts_for(self, kernels_dir=kernels_dir)
+
+    def environment(self, release) -> dict[str, str]:
+        env = dict(self.playbook.launch.env)
+        if release.files:
+            env["PYTHONPATH"] = f"{self.layout.current}/overlay"
+        if release.kernels:
+            env["FLEETSPEC_KERNELS"] = f"{self.layout.current}/kernels"
+        return env
+
+    def probe_spec(self, expected: str | None) -> probes.ProbeSpec:
+        spec = self.playbook.probes
+        timeout = float(self.host.vars.extra.get("ready_timeout", spec.ready_timeout))
+        key = self.host.vars.api_key.value() if self.host.vars.api_key else None
+        return probes.ProbeSpec(port=self.host.vars.api_port, expected_algorithm=expected, ready_timeout=timeout,
+                                interval=spec.interval, prompt=spec.generate.prompt,
+                                max_new_tokens=spec.generate.max_new_tokens, api_key=key)
+
+    def expected_for_release(self, release) -> str:
+        return load_playbook_for(self.root, release.algo).speculative_algorithm
+
+    def redact(self, text: str) -> str:
+        secrets = [self.host.vars.api_key.value()] if self.host.vars.api_key else []
+        for value in filter(None, secrets):
+            text = text.replace(value, "<redacted>")
+        return text
+
+    def gate_names(self) -> list[str]:
+        g = self.playbook.gates
+        return [name for name in ("acceptance", "throughput", "parity") if getattr(g, name) is not None]
+
+    def summary(self) -> dict:
+        return {"sglang": self.sglang.version, "torch": getattr(self.torch, "version", None),
+                "hybrid": self.hybrid, "options": dict(self.options.values), "notes": self.notes,
+                "patchset": self.patchset_name, "argv": self.new_argv}
+
+
+def run(t, req, echo=print) -> Preflight:
+    host, playbook = req.host, req.playbook
+    service, python = host.vars.service, host.vars.python
+    state = HostState(t, host.name, service)
+
+    unit = gather_unit(t, service)
+    if unit.load_state != "loaded" or not unit.fragment_path:
+        raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
+                        f"check vars.service in {host.inventory_path}")
+    unit_bytes, dropins, dropin_texts = read_unit_files(t, unit)
+    exec_argv = effective_argv(unit_bytes, dropin_texts)
+    check_interrupted(state, host.name)
+    if unit.active_state != "active":
+        raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
+                             f"moves a running service", f"ssh {host.address} systemctl status {service}")
+
+    sg, tv, disk, model = facts.gather_many(t, [
+        (sglang_fact, {"python": python}),
+        (torch_fact, {"python": python}),
+        (disk_fact, {"path": str(state.layout.root.parent)}),
+        (model_fact, {"path": _model_path(host, exec_argv)}),
+    ])
+    if sg is None or not getattr(sg, "version", None):
+        raise UserError(f"{host.name}: no sglang found for python {python} (vars.python in {host.inventory_path})")
+    hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
+    options = argv_ops.resolve_options(playbook, req.options, hybrid)
+    notes = [f"{host.name}: {n}" for n in options.notes]
+    flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
+    new_argv = argv_ops.derive_argv(exec_argv, flags)
+
+    patchset = select_patchset(playbook, sg, host.name)
+    kernels = load_kernels(playbook, tv, host.name)
+    if disk is not None and getattr(disk, "free_bytes", None) is not None and disk.free_bytes < MIN_FREE_BYTES:
+        raise UserError(f"{host.name}: only {disk.free_bytes // 2**20} MiB free under /var/lib; "
+                        f"need {MIN_FREE_BYTES // 2**20} MiB")
+    check_paths(t, host, playbook)
+    for note in notes:
+        echo(note)
+    return Preflight(host=host, root=req.root, playbook=playbook, service=service, python=python, unit=unit,
+                     unit_bytes=unit_bytes, dropins=dropins, exec_argv=exec_argv, sglang=sg, torch=tv,
+                     hybrid=hybrid, options=options, new_argv=new_argv, patchset=patchset, kernels=kernels,
+                     notes=notes, guard=getattr(playbook, "guard", None),
+                     keep_releases=int(host.vars.extra.get("keep_releases", 3)))
+
+
+# Pieces -------------------------------------------------------------------------------------------
+def gather_unit(t, service: str):
+    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30).stdout)
+
+
+def read_unit_files(t, unit) -> tuple[bytes, dict[str, bytes], list[str]]:
+    unit_bytes = t.get_bytes(unit.fragment_path)
+    dropins, texts = {}, []
+    for path in unit.dropin_paths:
+        if PurePosixPath(path).name == DROPIN_NAME:
+            continue
+        data = t.get_bytes(path)
+        texts.append(data.decode(errors="replace"))
+        dropins[path] = data
+    return unit_bytes, dropins, texts
+
+
+def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
+    """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
+    (fleetspec's own drop-in is left out by read_unit_files)."""
+    return unitfile.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+
+
+def check_interrupted(state: HostState, host: str) -> None:
+    """A deploy that died after `switch` leaves the host on a release nobody proved: refuse until
+    `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it."""
+    ledger = state.ledger()
+    for rid in ledger.interrupted():
+        status = ledger.releases()[rid]
+        last = ledger.last_step(rid)
+        where = f"at step {last.name} ({last.state})" if last else "before its first step"
+        if status == L.SWITCHED:
+            raise NeedsAttention(f"{host}: deploy {rid} was interrupted {where} after switching the service",
+                                 f"fleetspec rollback {host}")
+
+
+def abandon_unswitched(state: HostState, running: str) -> list[str]:
+    """Mark deploys that died before `switch` as failed: they changed nothing that runs."""
+    ledger = state.ledger()
+    out = []
+    for rid in ledger.interrupted():
+        if rid != running and ledger.releases()[rid] != L.SWITCHED:
+            state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
+            out.append(rid)
+    return out
+
+
+def _model_path(host, exec_argv: list[str]) -> str:
+    for i, token in enumerate(exec_argv):
+        if token == "--model-path" and i + 1 < len(exec_argv):
+            return exec_argv[i + 1]
+        if token.startswith("--model-path="):
+            return token.split("=", 1)[1]
+    return host.vars.model_path or "/nonexistent"
+
+
+def select_patchset(playbook, sg, host: str):
+    if not playbook.patchsets:
+        return None
+    from fleetspec.model.patchset import check_base, load_patchset, select_patchset as pick
+
+    folder = pick(playbook.patchsets, sg.version, host=host)
+    patchset = load_patchset(folder)
+    check_base(patchset, sg.version, sg.drift, host=host)
+    return patchset
+
+
+def load_kernels(playbook, torch_facts, host: str) -> list:
+    if not playbook.kernels:
+        return []
+    from fleetspec.model.kernel import check_abi, find_built_kernel
+
+    out = []
+    for folder in playbook.kernels:
+        kernel = find_built_kernel(folder, torch_facts)
+        check_abi(kernel, torch_facts, host=host)
+        out.append(kernel)
+    return out
+
+
+def check_paths(t, host, playbook) -> None:
+    paths = [p for p in (host.vars.model_path, host.vars.draft_model_path) if p]
+    if not paths:
+        return
+    script = "; ".join(f"[ -e {q(p)} ] || echo {q(p)}" for p in paths)
+    missing = t.run_script(script, timeout=30, check=False).stdout.split()
+    if missing:
+        raise UserError(f"{host.name}: model path {missing[0]} does not exist on the host "
+                        f"(vars in {host.inventory_path})")
+
+
+def take_baseline(t, pf: Preflight) -> Baseline:
+    """Record the service as found: unit bytes, drop-ins, ExecStart, Environment, sglang, served algo."""
+    served = None
+    try:
+        r = t.http("GET", pf.host.vars.api_port, "/server_info", timeout=10)
+        if r.status == 200:
+            served = json.loads(r.body).get("speculative_algorithm")
+    except (OSError, ValueError):
+        pass
+    from fleetspec.model.ledger import actor
+
+    return Baseline(
+        service=pf.service, unit_path=pf.unit.fragment_path, unit_bytes=pf.unit_bytes, dropins=pf.dropins,
+        exec_argv=pf.exec_argv, environment=list(getattr(pf.unit, "environment", []) or []),
+        sglang={"version": pf.sglang.version, "site_packages": pf.sglang.site_packages,
+                "python": pf.python, "drift": list(pf.sglang.drift)},
+        served_algorithm=served, declared_algorithm=argv_ops.speculative_algorithm_from_argv(pf.exec_argv),
+        taken_at=time.time(), taken_by=actor(),
+    )

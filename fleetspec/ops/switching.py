@@ -1,0 +1,265 @@
+"""The host-changing parts of deploy and rollback: stage a release, render it, switch to it,
+restart, and switch back. Each function is one step's work; ops/deploy.py says when each runs.
+
+Release mode: the live venv is never edited. A release folder holds the overlay (a symlink farm
+of the installed sglang with the patch set's files laid over it), the kernels, the rendered
+drop-in and rollback.sh. Switching is one drop-in rename plus one symlink flip, both atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import time
+from pathlib import Path, PurePosixPath
+
+from fleetspec import render
+from fleetspec.errors import FleetspecError
+from fleetspec.model import ledger as L
+from fleetspec.model.release import BASELINE, Release
+from fleetspec.ops import probes
+from fleetspec.ops.hoststate import HostState, dropin_path
+from fleetspec.remote import files
+
+q = shlex.quote
+LAST_SENT: dict[str, int] = {}   # bytes uploaded per host by the latest stage (for bench/)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# Stage ------------------------------------------------------------------------------------
+def upload_objects(t, state: HostState, blobs: dict[str, bytes]) -> int:
+    """Send each blob the host lacks into the content-addressed store; return bytes sent."""
+    store = str(state.layout.objects)
+    if not blobs:
+        return 0
+    missing = t.run_script(files.missing_objects(store, sorted(blobs)), timeout=60).stdout.split()
+    sent = 0
+    for digest in missing:
+        t.put_bytes(blobs[digest], f"{store}/{digest}", mode=0o644)
+        sent += len(blobs[digest])
+    return sent
+
+
+def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mode: str, echo) -> Release:
+    """Build releases/<id>/ from scratch in a temp folder, verify it, then rename it into place."""
+    layout = state.layout
+    final = str(layout.release(release_id))
+    tmp = final + files.TMP_SUFFIX
+    patch_files = pf.patch_files()          # package path -> bytes
+    kernel_files = pf.kernel_files()        # file name -> bytes
+    blobs = {_sha(b): b for b in [*patch_files.values(), *kernel_files.values()]}
+    LAST_SENT[pf.host.name] = upload_objects(t, state, blobs)
+    store = str(layout.objects)
+    lines = [f"rm -rf {q(tmp)}", f"mkdir -p {q(tmp)}/patch {q(tmp)}/kernels {q(tmp)}/unit"]
+    for path, data in sorted(patch_files.items()):
+        dest = f"{tmp}/patch/{path}"
+        lines.append(f"mkdir -p {q(str(PurePosixPath(dest).parent))} && cp {q(store + '/' + _sha(data))} {q(dest)}")
+    for name, data in sorted(kernel_files.items()):
+        lines.append(f"cp {q(store + '/' + _sha(data))} {q(tmp + '/kernels/' + name)}")
+    t.run_script(" && ".join(lines), timeout=120)
+    if patch_files:
+        t.run_script(pf.overlay_script(f"{tmp}/patch", f"{tmp}/overlay"), timeout=300)
+        _verify_hashes(t, {f"{tmp}/overlay/{p}": _sha(b) for p, b in patch_files.items()})
+        _py_compile(t, pf, [f"{tmp}/overlay/{p}" for p in patch_files if p.endswith(".py")])
+    release = Release(
+        id=release_id, host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode=mode,
+        sglang_version=pf.sglang.version, argv=pf.new_argv, previous=previous or BASELINE,
+        patchset=pf.patchset_name, files={p: _sha(b) for p, b in patch_files.items()},
+        kernels={n: _sha(b) for n, b in kernel_files.items()}, options=dict(pf.options.values),
+        notes=list(pf.notes),
+    )
+    t.put_bytes(release.to_json().encode(), f"{tmp}/manifest.json", mode=0o644)
+    t.run_script(f"rm -rf {q(final)} && mv -T {q(tmp)} {q(final)}", timeout=60)
+    return release
+
+
+def _verify_hashes(t, expected: dict[str, str]) -> None:
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(expected)), timeout=120).stdout)
+    for path, digest in expected.items():
+        if got.get(path) != digest:
+            raise FleetspecError(f"staged file {path} has sha256 {got.get(path, 'missing')}, expected {digest}")
+
+
+def _py_compile(t, pf, paths: list[str]) -> None:
+    if not paths:
+        return
+    code = "import py_compile,sys\nfor p in sys.argv[1:]: py_compile.compile(p, doraise=True, cfile=None)"
+    r = t.run([pf.python, "-c", code, *paths], timeout=300, check=False)
+    if r.rc != 0:
+        raise FleetspecError(f"py_compile failed on the host: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+
+
+# Smoke tests --------------------------------------------------------------------------------
+def smoke(t, pf, state: HostState, release: Release) -> dict:
+    """Run the offline smoke tests in the host's python with the release on its path."""
+    overlay = str(state.layout.release(release.id) / "overlay")
+    kernels = str(state.layout.release(release.id) / "kernels")
+    results = {}
+    for name, script, parse in pf.smoke_scripts(kernels_dir=kernels):
+        env = f"PYTHONPATH={q(overlay)} " if release.files else ""
+        r = t.run_script(f"cd /tmp && {env}timeout 600 {q(pf.python)} -c {q(script)}", timeout=660, check=False)
+        verdict = parse(r.stdout, r.stderr, r.rc)
+        results[name] = verdict
+        if not verdict.get("ok"):
+            raise FleetspecError(f"smoke test {name} failed: {verdict.get('error') or r.stderr.strip()[-300:]}")
+    return {"smoke": {k: {kk: vv for kk, vv in v.items() if kk != 'ok'} for k, v in results.items()}}
+
+
+# Render ---------------------------------------------------------------------------------------
+def _env(root: Path):
+    env = render.environment(root)
+    env.filters["q"] = shlex.quote
+    return env
+
+
+def dropin_text(pf, release: Release) -> str:
+    env_lines = [render.environment_line(k, v) for k, v in pf.environment(release).items()]
+    return _env(pf.root).get_template("fleetspec-dropin.conf.j2").render(
+        release=release, rendered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        release_dir=str(pf.layout.release(release.id)), exec_line=render.exec_line(release.argv),
+        environment_lines=env_lines, guard=pf.guard, service_escaped=pf.service.removesuffix(".service"),
+    )
+
+
+def rollback_script(pf, state: HostState, release: Release, previous_dropin: bytes | None) -> str:
+    prev = release.previous
+    prev_dir = str(state.layout.release(prev)) if prev != BASELINE else ""
+    return _env(pf.root).get_template("rollback.sh.j2").render(
+        service=pf.service, release=release, previous_label=prev,
+        state_dir=str(state.layout.base), dropin_path=dropin_path(pf.service),
+        previous_dropin=f"{prev_dir}/unit/50-fleetspec.conf" if prev_dir else "",
+        previous_dropin_sha256=_sha(previous_dropin) if (prev_dir and previous_dropin) else "",
+        previous_current=prev_dir, restore_files=[],
+        unit_sha256=pf.baseline.unit_sha256, unit_path=pf.baseline.unit_path,
+    )
+
+
+def render_release(t, pf, state: HostState, release: Release) -> dict:
+    text = dropin_text(pf, release)
+    rdir = str(state.layout.release(release.id))
+    prev_dropin = state.dropin_bytes() if release.previous != BASELINE else None
+    t.put_bytes(text.encode(), f"{rdir}/unit/50-fleetspec.conf", mode=0o644)
+    t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755)
+    if pf.guard:
+        guard = _env(pf.root).get_template("fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
+        t.put_bytes(guard.encode(), "/etc/systemd/system/fleetspec-guard@.service", mode=0o644)
+    lint = lint_unit(t, pf, text)
+    return {"dropin_sha256": _sha(text.encode()), "lint": lint}
+
+
+def lint_unit(t, pf, dropin: str) -> str:
+    """systemd-analyze verify on a scratch copy of the unit with the new drop-in, where present."""
+    have = t.run_script("command -v systemd-analyze >/dev/null", timeout=30, check=False).rc == 0
+    if not have:
+        return "skipped (no systemd-analyze)"
+    scratch = f"/tmp/fleetspec-lint-{pf.service}-{int(time.time() * 1000)}"
+    unit = f"{scratch}/{pf.service}"
+    t.run_script(f"mkdir -p {q(unit + '.d')}", timeout=30)
+    t.put_bytes(pf.unit_bytes, unit, mode=0o644)
+    t.put_bytes(dropin.encode(), f"{unit}.d/50-fleetspec.conf", mode=0o644)
+    r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no {q(unit)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
+                     timeout=60, check=False)
+    bad = [line for line in (r.stderr + r.stdout).splitlines()
+           if "50-fleetspec.conf" in line or "ExecStart" in line or "Invalid" in line]
+    if r.rc != 0 and bad:
+        raise FleetspecError("systemd-analyze verify refused the rendered unit: " + " | ".join(bad[:3]))
+    return "ok" if r.rc == 0 else "warnings: " + " | ".join((r.stderr + r.stdout).strip().splitlines()[:2])
+
+
+# Switch, restart, revert ------------------------------------------------------------------------
+def activate(t, state: HostState, release: Release) -> None:
+    """Point the service at `release`: drop-in renamed into place, `current` flipped, reload."""
+    rdir = str(state.layout.release(release.id))
+    d = state.dropin
+    t.run_script(" && ".join([
+        f"mkdir -p {q(str(PurePosixPath(d).parent))}",
+        files.copy_atomic(f"{rdir}/unit/50-fleetspec.conf", d),
+        files.symlink_atomic(rdir, str(state.layout.current)),
+        "systemctl daemon-reload",
+    ]), timeout=120)
+
+
+def deactivate(t, state: HostState, baseline) -> None:
+    """Back to the baseline: no fleetspec drop-in, no `current`, recorded unit and drop-ins byte-exact."""
+    t.run_script(" && ".join([files.remove(state.dropin), files.remove(str(state.layout.current))]), timeout=60)
+    restore_baseline_files(t, baseline)
+    t.run_script("systemctl daemon-reload", timeout=120)
+
+
+def restore_baseline_files(t, baseline) -> None:
+    """Rewrite the unit file and admin drop-ins only where their bytes differ from the record."""
+    wanted = {baseline.unit_path: baseline.unit_bytes, **baseline.dropins}
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted)), timeout=60).stdout)
+    for path, data in wanted.items():
+        if got.get(path) != _sha(data):
+            t.put_bytes(data, path, mode=0o644)
+
+
+def restart(t, service: str) -> int | None:
+    """Restart and return NRestarts from before, so probes can see a crash loop. The exit code
+    of `systemctl restart` is not trusted (a crashing unit still returns 0)."""
+    from fleetspec.remote.facts import systemd as systemd_fact
+
+    before = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30).stdout).n_restarts
+    t.run_script(f"systemctl reset-failed {q(service)} 2>/dev/null; systemctl restart --no-block {q(service)}",
+                 timeout=120, check=False)
+    return before
+
+
+def journal_tail(t, service: str, lines: int = 20) -> list[str]:
+    r = t.run_script(f"journalctl -u {q(service)} -n {int(lines)} --no-pager -o cat 2>&1", timeout=30, check=False)
+    return r.stdout.strip().splitlines()[-lines:]
+
+
+def revert_to(t, pf, state: HostState, previous: str | None, *, progress=lambda _: None) -> probes.ProbeResult:
+    """Switch to `previous` (a healthy release, or None for the baseline), restart, prove it."""
+    if previous is None:
+        deactivate(t, state, pf.baseline)
+        expected = pf.baseline.served_algorithm
+    else:
+        release = state.read_release(previous)
+        activate(t, state, release)
+        expected = pf.expected_for_release(release)
+    before = restart(t, pf.service)
+    return probes.wait_healthy(t, pf.service, pf.probe_spec(expected), since_restarts=before, progress=progress)
+
+
+# Commit ----------------------------------------------------------------------------------------
+def prune(t, state: HostState, keep: int) -> list[str]:
+    """Remove healthy releases beyond the newest `keep` (never the current one). Failed releases
+    are kept for forensics and do not count towards `keep`."""
+    current = state.current()
+    healthy = state.healthy_releases()
+    old = [r for r in healthy[:-keep] if r != current] if keep > 0 else []
+    for rid in old:
+        t.run_script(f"rm -rf {q(str(state.layout.release(rid)))}", timeout=120)
+        state.record(L.Entry.status(rid, L.PRUNED))
+    return old
+
+
+# Plan --------------------------------------------------------------------------------------------
+def plan(t, pf, state: HostState) -> dict:
+    """Everything a deploy would do, computed without changing anything on the host."""
+    import difflib
+
+    old = pf.exec_argv
+    new = pf.new_argv
+    diff = list(difflib.unified_diff([a + "\n" for a in old], [a + "\n" for a in new],
+                                     f"{pf.service} ExecStart (now)", f"{pf.service} ExecStart (after)", n=2))
+    fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
+                   sglang_version=pf.sglang.version, argv=new, previous=state.current() or BASELINE)
+    dropin = dropin_text(pf, fake)
+    return {
+        "host": pf.host.name, "service": pf.service, "sglang": pf.sglang.version,
+        "algo": pf.playbook.algo, "expected_algorithm": pf.playbook_algorithm,
+        "notes": list(pf.notes), "options": dict(pf.options.values),
+        "execstart_diff": "".join(diff), "dropin": pf.redact(dropin),
+        "files": {p: _sha(b) for p, b in pf.patch_files().items()},
+        "kernels": {n: _sha(b) for n, b in pf.kernel_files().items()},
+        "smoke": [name for name, _, _ in pf.smoke_scripts(kernels_dir="<release>/kernels")],
+        "gates": pf.gate_names(), "previous": state.current() or BASELINE,
+    }
