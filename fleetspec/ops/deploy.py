@@ -215,7 +215,8 @@ class Deploy:
         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
-            result = switching.revert_to(self.t, self.pf, self.state, self.previous, progress=self._progress)
+            result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
+                                         self.previous, progress=self._progress)
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))

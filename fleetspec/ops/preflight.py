@@ -98,15 +98,7 @@ class Preflight:
         return env
 
     def probe_spec(self, expected: str | None) -> probes.ProbeSpec:
-        spec = self.playbook.probes
-        timeout = float(self.host.vars.extra.get("ready_timeout", spec.ready_timeout))
-        key = self.host.vars.api_key.value() if self.host.vars.api_key else None
-        return probes.ProbeSpec(port=self.host.vars.api_port, expected_algorithm=expected, ready_timeout=timeout,
-                                interval=spec.interval, prompt=spec.generate.prompt,
-                                max_new_tokens=spec.generate.max_new_tokens, api_key=key)
-
-    def expected_for_release(self, release) -> str:
-        return load_playbook_for(self.root, release.algo).speculative_algorithm
+        return probes.spec_for_host(self.host, expected, self.playbook.probes)
 
     def redact(self, text: str) -> str:
         secrets = [self.host.vars.api_key.value()] if self.host.vars.api_key else []

@@ -36,6 +36,18 @@ class ProbeSpec:
     api_key: str | None = None
 
 
+def spec_for_host(host, expected: str | None, playbook_probes=None) -> ProbeSpec:
+    """Probe settings for a host: the playbook's, with the host's own model-load deadline."""
+    p = playbook_probes
+    timeout = float(host.vars.extra.get("ready_timeout", p.ready_timeout if p else 900.0))
+    key = host.vars.api_key.value() if host.vars.api_key else None
+    kwargs = {}
+    if p is not None:
+        kwargs = dict(interval=p.interval, prompt=p.generate.prompt, max_new_tokens=p.generate.max_new_tokens)
+    return ProbeSpec(port=host.vars.api_port, expected_algorithm=expected, ready_timeout=timeout,
+                     api_key=key, **kwargs)
+
+
 def _headers(spec: ProbeSpec) -> dict:
     return {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
 

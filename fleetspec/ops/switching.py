@@ -215,17 +215,25 @@ def journal_tail(t, service: str, lines: int = 20) -> list[str]:
     return r.stdout.strip().splitlines()[-lines:]
 
 
-def revert_to(t, pf, state: HostState, previous: str | None, *, progress=lambda _: None) -> probes.ProbeResult:
+def revert_to(t, state: HostState, host, root: Path, baseline, previous: str | None, *,
+              progress=lambda _: None) -> probes.ProbeResult:
     """Switch to `previous` (a healthy release, or None for the baseline), restart, prove it."""
     if previous is None:
-        deactivate(t, state, pf.baseline)
-        expected = pf.baseline.served_algorithm
+        deactivate(t, state, baseline)
+        expected = baseline.served_algorithm
     else:
         release = state.read_release(previous)
         activate(t, state, release)
-        expected = pf.expected_for_release(release)
-    before = restart(t, pf.service)
-    return probes.wait_healthy(t, pf.service, pf.probe_spec(expected), since_restarts=before, progress=progress)
+        expected = expected_algorithm(root, release.algo)
+    before = restart(t, state.service)
+    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), since_restarts=before,
+                               progress=progress)
+
+
+def expected_algorithm(root: Path, algo: str) -> str:
+    from fleetspec.model.playbook import load_playbook_for
+
+    return load_playbook_for(root, algo).speculative_algorithm
 
 
 # Commit ----------------------------------------------------------------------------------------

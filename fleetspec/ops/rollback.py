@@ -1,0 +1,99 @@
+"""`fleetspec rollback HOST [--to RELEASE|baseline]`: back to a recorded good state, fast.
+
+No gates by default: a rollback is what you run while a bad release serves traffic. The target is
+the baseline (the service as first found) unless --to names a release that was proven healthy;
+failed releases are never targets. Going to the baseline restores the recorded unit bytes and
+drop-ins exactly, then proves the service healthy with the algorithm it served before.
+An interrupted deploy (fleetspec killed, link cut) is finished here: its release is marked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetspec.errors import NeedsAttention, UserError
+from fleetspec.model import ledger as L
+from fleetspec.model.release import BASELINE
+from fleetspec.ops import switching
+from fleetspec.ops.hoststate import HostState
+from fleetspec.remote.lock import RemoteLock
+
+
+@dataclass
+class RollbackOutcome:
+    host: str
+    status: str                       # rolled_back | needs_attention
+    target: str
+    left: str | None                  # the release the service was on
+    finished_interrupted: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    engine_wait_s: float = 0.0
+    note: str = ""
+    exit_code: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
+    started = time.monotonic()
+    state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
+    target = to or BASELINE
+    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}"):
+        baseline = state.read_baseline()
+        if baseline is None:
+            raise UserError(f"{host.name}: no baseline recorded for {host.vars.service}: fleetspec never changed it")
+        ledger = state.ledger()
+        statuses = ledger.releases()
+        if target != BASELINE and statuses.get(target) != L.HEALTHY:
+            healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
+            raise UserError(f"{host.name}: {target} is {statuses.get(target, 'unknown')}, not a healthy release; "
+                            f"targets: baseline{', ' if healthy else ''}{', '.join(healthy)}")
+        left = state.current()
+        interrupted = ledger.interrupted()
+        record_under = left or (interrupted[-1] if interrupted else BASELINE)
+        echo(f"[{host.name}] rollback {left or BASELINE} -> {target}")
+        state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
+        switch_started = time.monotonic()
+        result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
+                                     progress=progress)
+        progress(None)
+        if not result.ok:
+            state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))
+            journal = switching.journal_tail(t, host.vars.service, 10)
+            raise NeedsAttention(f"{host.name}: rolled back to {target} but it is not healthy: {result.reason}; "
+                                 f"journal: {' | '.join(journal[-3:])}",
+                                 f"ssh {host.address} journalctl -u {host.vars.service} -n 50")
+        if target == BASELINE:
+            verify_baseline(t, state, baseline, host.name)
+        for rid in interrupted:
+            state.record(L.Entry.status(rid, L.ROLLED_BACK, to=target, reason="finished by rollback"))
+        if left and left not in interrupted and statuses.get(left) == L.HEALTHY:
+            state.record(L.Entry.step(left, "rollback", "ok", to=target))
+        state.record(L.Entry.step(record_under, "rollback", "ok", to=target, waited_s=round(result.waited_s, 2)))
+    return RollbackOutcome(host.name, "rolled_back", target, left, interrupted,
+                           round(time.monotonic() - started, 2), round(result.waited_s, 2),
+                           engine_wait_s_note(switch_started, result))
+
+
+def engine_wait_s_note(switch_started: float, result) -> str:
+    overhead = time.monotonic() - switch_started - result.waited_s
+    return f"fleetspec overhead {overhead:.2f}s beyond the engine's {result.waited_s:.2f}s restart and load"
+
+
+def verify_baseline(t, state: HostState, baseline, host: str) -> None:
+    """Prove byte-exactness after the fact: unit file and admin drop-ins hash as recorded, and
+    fleetspec's drop-in is gone."""
+    from fleetspec.model.baseline import sha256
+    from fleetspec.remote import files
+
+    wanted = {baseline.unit_path: baseline.unit_sha256, **{p: sha256(b) for p, b in baseline.dropins.items()}}
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + [state.dropin]), timeout=60).stdout)
+    for path, digest in wanted.items():
+        if got.get(path) != digest:
+            raise NeedsAttention(f"{host}: {path} does not match the baseline after rollback",
+                                 f"fleetspec rollback {host}")
+    if state.dropin in got:
+        raise NeedsAttention(f"{host}: {state.dropin} is still present after rollback", f"fleetspec rollback {host}")
