@@ -1,0 +1,171 @@
+"""Shared fixtures: real OpenSSH servers on 127.0.0.1 (each its own host key), a client key, and
+inventories that point at them.
+
+`sshd` is one session-wide server; `sshd_factory()` starts more (a fake fleet). Servers run as
+children of the test process (`/usr/sbin/sshd -D -e`) and are stopped by their pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "fleetspec-test", "-f", str(path)],
+                   check=True, stdin=subprocess.DEVNULL)
+    return path
+
+
+@dataclass
+class Sshd:
+    """One sshd on 127.0.0.1:port with its own host key, trusting the session's client key."""
+
+    workdir: Path
+    port: int
+    client_key: Path
+    proc: subprocess.Popen | None = None
+    host_key: Path = field(init=False)
+
+    def __post_init__(self):
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.host_key = self.workdir / "ssh_host_ed25519_key"
+        if not self.host_key.exists():
+            keygen(self.host_key)
+        (self.workdir / "authorized_keys").write_text(Path(f"{self.client_key}.pub").read_text())
+        (self.workdir / "sshd_config").write_text(textwrap.dedent(f"""\
+            Port {self.port}
+            ListenAddress 127.0.0.1
+            HostKey {self.host_key}
+            PidFile {self.workdir}/sshd.pid
+            AuthorizedKeysFile {self.workdir}/authorized_keys
+            StrictModes no
+            PubkeyAuthentication yes
+            PasswordAuthentication no
+            KbdInteractiveAuthentication no
+            PermitRootLogin prohibit-password
+            UsePAM no
+            AllowTcpForwarding yes
+            MaxSessions 64
+            MaxStartups 64
+            LogLevel ERROR
+            Subsystem sftp internal-sftp
+            """))
+
+    @property
+    def known_hosts_line(self) -> str:
+        pub = Path(f"{self.host_key}.pub").read_text().split()
+        return f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n"
+
+    def start(self) -> "Sshd":
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        log = open(self.workdir / "sshd.log", "ab")
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.workdir / "sshd_config")],
+                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(self.workdir / 'sshd.log').read_text()[-500:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("sshd did not start listening")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def ssh_client_key(tmp_path_factory) -> Path:
+    return keygen(tmp_path_factory.mktemp("client") / "id_ed25519")
+
+
+@pytest.fixture(scope="session")
+def sshd_factory(tmp_path_factory, ssh_client_key):
+    """Call it to start another sshd (a host of a fake fleet); all are stopped at session end."""
+    if not os.path.exists(SSHD):
+        pytest.skip("openssh-server is not installed")
+    started: list[Sshd] = []
+
+    def make() -> Sshd:
+        server = Sshd(tmp_path_factory.mktemp("sshd"), free_port(), ssh_client_key).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def sshd(sshd_factory) -> Sshd:
+    return sshd_factory()
+
+
+def write_inventory(path: Path, servers: dict[str, Sshd], client_key: Path, known_hosts: Path | None = None,
+                    *, policy: str = "strict", connect_timeout: float = 3, command_timeout: float = 30,
+                    host_vars: dict | None = None, trust: bool = True) -> Path:
+    """An inventory of loopback sshds; `trust` writes their host keys into known_hosts first."""
+    known_hosts = known_hosts or path.parent / "known_hosts"
+    if trust:
+        known_hosts.write_text("".join(s.known_hosts_line for s in servers.values()))
+    lines = [
+        "defaults:",
+        "  user: root",
+        f"  ssh_key: {client_key}",
+        f"  known_hosts: {known_hosts}",
+        f"  host_key_policy: {policy}",
+        f"  connect_timeout: {connect_timeout}",
+        f"  command_timeout: {command_timeout}",
+        f"  vars: {{python: {sys.executable}, service: sglang-test.service, api_port: 30000}}",
+        "hosts:",
+    ]
+    for name, server in servers.items():
+        lines.append(f"  {name}: {{address: 127.0.0.1, port: {server.port}}}")
+        if host_vars and name in host_vars:
+            lines[-1] = lines[-1][:-1] + f", vars: {host_vars[name]}}}"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def fleet_root(tmp_path) -> Path:
+    """An empty fleet root (inventory/, playbooks/, templates/)."""
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def inventory_writer():
+    """The write_inventory helper, for tests that build inventories of loopback sshds."""
+    return write_inventory

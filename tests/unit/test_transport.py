@@ -1,0 +1,207 @@
+"""Transport against a real OpenSSH server on 127.0.0.1 (see tests/conftest.py)."""
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from fleetspec.errors import RemoteError
+from fleetspec.model.inventory import load_inventory
+from fleetspec.remote.transport import HostKeyError, Transport, TransportPool
+
+
+def host_for(tmp_path, inventory_writer, sshd, ssh_client_key, **kw):
+    inv = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key, **kw))
+    return inv.hosts["h"]
+
+
+@pytest.fixture(scope="module")
+def transport(sshd, ssh_client_key, inventory_writer, tmp_path_factory):
+    host = host_for(tmp_path_factory.mktemp("inv"), inventory_writer, sshd, ssh_client_key)
+    t = Transport(host)
+    yield t
+    t.close()
+
+
+def test_run_and_reuse(transport):
+    r = transport.run(["printf", "%s|", "a b", "it's", "$HOME"], timeout=20)
+    assert r.ok and r.stdout == "a b|it's|$HOME|" and r.stderr == ""
+    first = transport.connect()
+    r = transport.run_script("echo out; echo err >&2; exit 3", timeout=20)
+    assert (r.rc, r.stdout, r.stderr) == (3, "out\n", "err\n")
+    assert transport.connect() is first  # one connection, reused
+
+
+def test_check_raises_with_stderr(transport):
+    with pytest.raises(RemoteError, match="exited 2.*No such file"):
+        transport.run(["ls", "/nonexistent-fleetspec"], check=True, timeout=20)
+
+
+def test_stdin_and_binary_roundtrip(transport, tmp_path):
+    data = bytes(range(256)) * 300
+    r = transport.run(["sha256sum"], stdin=data, timeout=20)
+    import hashlib
+    assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+
+
+def test_put_get_atomic(transport, tmp_path):
+    target = tmp_path / "dir" / "file.txt"
+    target.parent.mkdir()
+    target.write_text("old")
+    transport.put_bytes(b"new contents\n", str(target), mode=0o600)
+    assert target.read_bytes() == b"new contents\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in target.parent.iterdir()] == ["file.txt"]  # no temp file left
+    assert transport.get_bytes(str(target)) == b"new contents\n"
+    with pytest.raises(RemoteError, match="no such file"):
+        transport.get_bytes(str(tmp_path / "missing"))
+    with pytest.raises(RemoteError, match="cannot write"):
+        transport.put_bytes(b"x", str(tmp_path / "no" / "such" / "dir" / "f"))
+
+
+def test_put_is_atomic_for_a_concurrent_reader(transport, tmp_path):
+    target = tmp_path / "big"
+    a, b = b"A" * 2_000_000, b"B" * 2_000_000
+    transport.put_bytes(a, str(target))
+    seen, stop = set(), threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            seen.add(target.read_bytes()[:1] + bytes([len(target.read_bytes()) == len(a)]))
+
+    th = threading.Thread(target=reader)
+    th.start()
+    for data in (b, a, b):
+        transport.put_bytes(data, str(target))
+    stop.set()
+    th.join()
+    assert seen <= {b"A\x01", b"B\x01"}
+
+
+def test_command_timeout(transport):
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="timed out after 0.5s"):
+        transport.run(["sleep", "5"], timeout=0.5)
+    assert time.monotonic() - start < 3
+    assert transport.run(["true"], timeout=20).ok  # the connection survives
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "ok": True}).encode()
+        self.send_response(200 if self.path != "/health" else 503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        n = int(self.headers["Content-Length"])
+        body = self.rfile.read(n)
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for piece in (body[:3], body[3:]):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0\r\n\r\n")
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+
+def test_http_through_tunnel(transport):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    port = server.server_address[1]
+    th = threading.Thread(target=server.serve_forever, daemon=True)
+    th.start()
+    try:
+        r = transport.http("GET", port, "/server_info", timeout=5)
+        assert r.status == 200 and r.json() == {"path": "/server_info", "ok": True}
+        assert transport.http("GET", port, "/health").status == 503
+        r = transport.http("POST", port, "/generate", json={"text": "hi"})
+        assert r.status == 200 and r.json() == {"text": "hi"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(RemoteError, match="connection refused"):
+        transport.http("GET", port, "/health", timeout=3)
+
+
+def test_unknown_host_key_refused_then_accepted(tmp_path, inventory_writer, sshd, ssh_client_key):
+    kh = tmp_path / "kh" / "known_hosts"
+    host = host_for(tmp_path, inventory_writer, sshd, ssh_client_key, known_hosts=kh, trust=False)
+    with pytest.raises(HostKeyError, match=r"unknown host key for \[127.0.0.1\]:\d+ .*--accept-new-host-key"):
+        Transport(host).run(["true"])
+    assert not kh.exists()
+    t = Transport(host, accept_new_host_key=True)
+    assert t.run(["true"], timeout=20).ok
+    t.close()
+    assert kh.read_text() == sshd.known_hosts_line  # recorded
+    t = Transport(host)  # now known: strict works
+    assert t.run(["true"], timeout=20).ok
+    t.close()
+
+
+def test_accept_new_policy_records(tmp_path, inventory_writer, sshd, ssh_client_key):
+    kh = tmp_path / "known_hosts"
+    host = host_for(tmp_path, inventory_writer, sshd, ssh_client_key, known_hosts=kh, trust=False, policy="accept-new")
+    with TransportPool() as pool:
+        assert pool.get(host).run(["true"], timeout=20).ok
+        assert pool.get(host) is pool.get(host)
+    assert kh.read_text() == sshd.known_hosts_line
+
+
+def test_changed_host_key_always_refused(tmp_path, inventory_writer, sshd, ssh_client_key):
+    kh = tmp_path / "known_hosts"
+    host = host_for(tmp_path, inventory_writer, sshd, ssh_client_key, known_hosts=kh, trust=False)
+    other = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 {other}\n")
+    for accept in (False, True):
+        with pytest.raises(HostKeyError, match=rf"CHANGED.*{kh}"):
+            Transport(host, accept_new_host_key=accept).run(["true"])
+    assert kh.read_text().count("\n") == 1
+
+
+def test_unreachable_port_within_connect_timeout(tmp_path, inventory_writer, sshd, ssh_client_key):
+    from tests.conftest import free_port
+    host = host_for(tmp_path, inventory_writer, sshd, ssh_client_key, connect_timeout=1.5)
+    import dataclasses
+    host = dataclasses.replace(host, port=free_port())
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match=r"h: cannot reach 127.0.0.1:\d+"):
+        Transport(host).run(["true"])
+    assert time.monotonic() - start < 2.5
+
+
+def test_parallel_commands_share_one_connection(transport):
+    results = []
+
+    def work(i):
+        results.append(transport.run(["echo", str(i)], timeout=20).stdout.strip())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(results, key=int) == [str(i) for i in range(12)]
+
+
+def test_jump_host(tmp_path, inventory_writer, sshd_factory, sshd, ssh_client_key):
+    target = sshd_factory()
+    kh = tmp_path / "known_hosts"
+    path = inventory_writer(tmp_path / "inv.yaml", {"t": target}, ssh_client_key, known_hosts=kh)
+    kh.write_text(kh.read_text() + sshd.known_hosts_line)
+    path.write_text(path.read_text().replace(
+        f"port: {target.port}}}", f"port: {target.port}, jump: 'root@127.0.0.1:{sshd.port}'}}"))
+    host = load_inventory(path).hosts["t"]
+    assert host.jump.port == sshd.port
+    t = Transport(host)
+    try:
+        assert t.run(["echo", "via jump"], timeout=20).stdout == "via jump\n"
+    finally:
+        t.close()
