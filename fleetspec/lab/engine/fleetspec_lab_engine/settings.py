@@ -1,0 +1,40 @@
+"""The lab's knobs on a host: engine timing (/etc/fleetspec-lab/engine.json) and faults
+(/etc/fleetspec-lab/faults.json, written by `fleetspec lab fault`; read at start and per request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ETC = Path(os.environ.get("FLEETSPEC_LAB_ETC", "/etc/fleetspec-lab"))
+
+ENGINE_DEFAULTS = {
+    "load_seconds": 1.0,      # model load after parsing (slow_load overrides)
+    "warmup_seconds": 0.5,    # between the HTTP server coming up and /ready = 200
+    "step_seconds": 0.02,     # one verify step (tokens/s = accepted tokens per step / this)
+    "step_factor": {"NONE": 0.8, "EAGLE": 1.0, "EAGLE3": 1.0, "DFLASH": 1.05, "DDTREE": 1.15},
+    "drain_seconds": 30.0,    # SIGTERM waits at most this long for in-flight requests
+    "vocab": 64,
+}
+
+
+def _read(name: str) -> dict:
+    try:
+        data = json.loads((ETC / name).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        print(f"fleetspec-lab: ignoring unreadable {ETC / name}: {err}", flush=True)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def engine() -> dict:
+    return {**ENGINE_DEFAULTS, **_read("engine.json")}
+
+
+def faults() -> dict:
+    """{kind: value}; value is True for flag kinds."""
+    return _read("faults.json")

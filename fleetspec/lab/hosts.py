@@ -1,0 +1,176 @@
+"""One lab host: an overlay root, a network namespace, a cgroup, and systemd-nspawn booting it.
+
+The overlay is mounted inside a private mount namespace (`unshare -m`) by the very process that
+then execs nspawn, so the machine's mount table never holds it and a crash cannot leak it. The
+host's own writes land in its upper folder under /run/fleetspec-lab/hosts/<name>/, where they can
+be read from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fleetspec.lab import cgroups, image, network, profiles
+from fleetspec.lab.engine import files as engine_files
+
+RUN = Path(os.environ.get("FLEETSPEC_LAB_RUN", "/run/fleetspec-lab"))
+ENGINE_JSON = {"load_seconds": 1.0, "warmup_seconds": 0.5, "step_seconds": 0.02}
+
+
+@dataclass
+class HostState:
+    name: str
+    address: str
+    profile: str
+    version: str
+    pid: int
+    cgroups: list[str]
+    started: float
+
+    @staticmethod
+    def load(name: str) -> "HostState | None":
+        try:
+            return HostState(**json.loads((host_dir(name) / "state.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def save(self) -> None:
+        (host_dir(self.name) / "state.json").write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+
+def host_dir(name: str) -> Path:
+    return RUN / "hosts" / name
+
+
+def known() -> list[str]:
+    folder = RUN / "hosts"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def is_running(state: HostState | None) -> bool:
+    if state is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    # Right after boot() the process may still be `unshare` or `sh` on its way to exec nspawn.
+    return (Path(cmdline[0].decode(errors="replace")).name in ("systemd-nspawn", "unshare", "sh")
+            and any(b"systemd-nspawn" in arg for arg in cmdline)
+            and any(state.name.encode() == arg or f"/{state.name}/".encode() in arg for arg in cmdline))
+
+
+def _mkdirs(upper: Path, rel: str, lowers: list[Path]) -> Path:
+    """mkdir -p in the upper folder, copying each new folder's mode and owner from the lower layer
+    (an upper folder's attributes win in the merged view: /root must stay 0700)."""
+    path = upper
+    for part in Path(rel).parts:
+        path = path / part
+        if path.exists():
+            continue
+        sub = path.relative_to(upper)
+        src = next((lo / sub for lo in lowers if (lo / sub).is_dir()), None)
+        path.mkdir()
+        if src is not None:
+            st = src.stat()
+            os.chown(path, st.st_uid, st.st_gid)
+            os.chmod(path, st.st_mode & 0o7777)
+    return path
+
+
+def _write(upper: Path, lowers: list[Path], dest: str, data: bytes, mode: int = 0o644) -> None:
+    rel = dest.lstrip("/")
+    _mkdirs(upper, str(Path(rel).parent), lowers)
+    target = upper / rel
+    target.write_bytes(data)
+    os.chmod(target, mode)
+
+
+def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes, host_key: Path) -> None:
+    """Everything host-specific, laid into the upper folder before the first boot."""
+    upper = host_dir(name) / "upper"
+    upper.mkdir(parents=True, exist_ok=True)
+    os.chmod(upper, 0o755)  # the upper root's mode becomes the merged root's
+    lowers = image.lowerdirs(profile.version)
+    _write(upper, lowers, "/etc/hostname", f"{name}\n".encode())
+    _write(upper, lowers, "/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {name}\n::1 localhost\n".encode())
+    _write(upper, lowers, "/root/.ssh/authorized_keys", client_pub, 0o600)
+    _write(upper, lowers, "/etc/ssh/ssh_host_ed25519_key", host_key.read_bytes(), 0o600)
+    _write(upper, lowers, "/etc/ssh/ssh_host_ed25519_key.pub", host_key.with_suffix(".pub").read_bytes())
+    _write(upper, lowers, "/etc/ssh/sshd_config.d/fleetspec-lab-hostkey.conf",
+           b"HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    for dest, data in profiles.files(profile).items():
+        _write(upper, lowers, dest, data)
+    wants = _mkdirs(upper, "etc/systemd/system/multi-user.target.wants", lowers)
+    (wants / profiles.SERVICE).symlink_to(f"/etc/systemd/system/{profiles.SERVICE}")
+    _write(upper, lowers, "/etc/fleetspec-lab/engine.json", (json.dumps(ENGINE_JSON, indent=1) + "\n").encode())
+    _write(upper, lowers, "/etc/fleetspec-lab/host.json", (json.dumps(
+        {"name": name, "profile": profile.like, "sglang_version": profile.version,
+         "venv": profile.venv}, indent=1) + "\n").encode())
+    site = image.site_packages(profile.version)
+    for rel, data in engine_files().items():
+        _write(upper, lowers, f"{site}/{rel}", data)
+
+
+def boot(name: str, address: str, profile: profiles.Profile) -> HostState:
+    hd = host_dir(name)
+    for sub in ("work", "merged"):
+        (hd / sub).mkdir(parents=True, exist_ok=True)
+    network.add_host(name, address)
+    lower = ":".join(str(p) for p in image.lowerdirs(profile.version))
+    opts = f"lowerdir={lower},upperdir={hd / 'upper'},workdir={hd / 'work'}"
+    nspawn = ["systemd-nspawn", "-q", "-D", str(hd / "merged"), "-M", name, "--register=no",
+              "--keep-unit", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+              f"--network-namespace-path=/run/netns/{network.netns(name)}", "-b"]
+    script = (f"mount -t overlay overlay -o {shlex.quote(opts)} {shlex.quote(str(hd / 'merged'))} && "
+              f"exec {shlex.join(nspawn)}")
+    paths = cgroups.host_paths(name)
+    console = open(hd / "console.log", "ab")
+    try:
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=lambda: cgroups.enter(paths), close_fds=True)
+    finally:
+        console.close()
+    state = HostState(name, address, profile.like, profile.version, proc.pid,
+                      [str(p) for p in paths], time.time())
+    state.save()
+    return state
+
+
+def stop(name: str, timeout: float = 20.0) -> list[str]:
+    """Power the host off and remove everything it had; returns what could not be removed."""
+    state = HostState.load(name)
+    paths = [Path(p) for p in state.cgroups] if state else cgroups.host_paths(name)
+    if is_running(state):
+        os.kill(state.pid, signal.SIGTERM)  # nspawn: clean poweroff of the container
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while is_running(state) and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+    # Whatever is still in the host's cgroups was started for this host: end it by pid.
+    for _ in range(3):
+        left = cgroups.pids(paths)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    problems = cgroups.remove(paths)
+    network.remove_host(name)
+    shutil.rmtree(Path("/run/systemd/nspawn/propagate") / name, ignore_errors=True)
+    shutil.rmtree(host_dir(name), ignore_errors=True)
+    return problems

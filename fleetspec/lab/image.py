@@ -1,0 +1,194 @@
+"""The lab's cached image: a base Debian rootfs plus one layer per sglang environment.
+
+Hosts boot from an overlay of read-only layers (`<env layer>:<base>`) so a host only sees the
+sglang install its profile names, and nothing is copied per host. Each folder's name carries the
+hash of the recipe that made it, so a changed recipe builds a new folder instead of reusing a
+stale one. Builds run in a private mount namespace (`unshare -m`), so a crash leaves no mount.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from fleetspec.errors import UserError
+from fleetspec.lab import envs
+
+DEBOOTSTRAP = envs.CACHE / "debootstrap" / "rootfs"
+DEBOOTSTRAP_CMD = [
+    "debootstrap", "--variant=minbase",
+    "--include=systemd,systemd-sysv,dbus,openssh-server,iproute2,procps,python3,python3-venv,curl",
+    "bookworm",
+]
+# Where each version's venv lives on a host (ct129's operators use /root/ml-env).
+VENV = {"0.5.13.post1": "/root/ml-env", "0.5.23": "/opt/sglang/venv"}
+
+# Bump when what _finish_base does changes: it is part of the base image's hash.
+BASE_RECIPE = {
+    "v": 3,
+    "debootstrap": DEBOOTSTRAP_CMD,
+    "sshd": "PermitRootLogin prohibit-password; PasswordAuthentication no; UseDNS no",
+    "masked": ["systemd-timesyncd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+               "e2scrub_all.timer", "fstrim.timer", "systemd-networkd-wait-online.service",
+               "console-getty.service", "getty@tty1.service"],
+}
+SSHD_CONF = """\
+# fleetspec lab: keys only, no DNS lookups (they stall without a resolver)
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 64
+"""
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def base_hash() -> str:
+    return _digest(BASE_RECIPE)
+
+
+def env_hash(version: str) -> str:
+    wheels = sorted(p.name for p in envs.WHEELS.glob("*.whl")) if envs.WHEELS.is_dir() else []
+    return _digest({"base": base_hash(), "version": version, "venv": VENV[version],
+                    "requirements": envs.requirements(version), "wheels": wheels, "v": 1})
+
+
+def base_dir() -> Path:
+    return envs.CACHE / f"image-{base_hash()}" / "rootfs"
+
+
+def env_layer(version: str) -> Path:
+    return envs.CACHE / "layers" / f"sglang-{version}-{env_hash(version)}"
+
+
+def lowerdirs(version: str) -> list[Path]:
+    """Overlay lower layers for a host running `version`, topmost first."""
+    return [env_layer(version), base_dir()]
+
+
+def marker(folder: Path) -> Path:
+    """Completion marker beside (not inside) a layer, so hosts never see it."""
+    return folder.with_name(folder.name + ".complete")
+
+
+def is_built(versions) -> bool:
+    return marker(base_dir()).exists() and all(marker(env_layer(v)).exists() for v in versions)
+
+
+def ensure(versions, log=print) -> bool:
+    """Build whatever is missing; return True if anything was built (a cold start)."""
+    built = False
+    if not DEBOOTSTRAP.joinpath("usr/bin/python3").exists():
+        log(f"debootstrap into {DEBOOTSTRAP} (~90 s, needs the Debian mirror)")
+        DEBOOTSTRAP.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*DEBOOTSTRAP_CMD, str(DEBOOTSTRAP)], check=True)
+        built = True
+    if not marker(base_dir()).exists():
+        log(f"building base image {base_dir()}")
+        _build_base()
+        built = True
+    for version in versions:
+        if not marker(env_layer(version)).exists():
+            log(f"building sglang {version} layer {env_layer(version)} (minutes; offline from {envs.WHEELS})")
+            envs.download_wheels((version,))
+            _build_env(version)
+            built = True
+    return built
+
+
+def _build_base() -> None:
+    final = base_dir()
+    partial = final.with_name("rootfs.partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", "--reflink=auto", str(DEBOOTSTRAP), str(partial)], check=True)
+    _finish_base(partial)
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    marker(final).write_text(json.dumps(BASE_RECIPE) + "\n")
+
+
+def _finish_base(root: Path) -> None:
+    """Settings every host shares: no DNS, keys-only sshd, per-host host keys, quiet boot."""
+    (root / "etc/hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink() or resolv.exists():
+        resolv.unlink()
+    resolv.write_text("")
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()  # each host gets its own, written at `lab up`
+    (root / "etc/ssh/sshd_config.d/fleetspec-lab.conf").write_text(SSHD_CONF)
+    (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    for unit in BASE_RECIPE["masked"]:
+        link = root / "etc/systemd/system" / unit
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to("/dev/null")
+    (root / "etc/machine-id").write_text("")
+    for folder in ("var/lib/fleetspec", "etc/fleetspec-lab"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+
+
+def _build_env(version: str) -> None:
+    """Install one version's venv with the image's own python, in a chroot, offline."""
+    final = env_layer(version)
+    partial = final.with_name(final.name + ".partial")
+    scratch = final.with_name(final.name + ".scratch")
+    for folder in (partial, scratch):
+        if folder.exists():
+            shutil.rmtree(folder)
+    venv = VENV[version]
+    target = partial / venv.lstrip("/")
+    target.mkdir(parents=True)
+    for sub in ("upper", "work", "merged"):
+        (scratch / sub).mkdir(parents=True)
+    merged = scratch / "merged"
+    q = shlex.quote
+    pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+           "--disable-pip-version-check", "--find-links", "/mnt/wheels", *envs.requirements(version)]
+    script = "\n".join([
+        "set -e",
+        f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={scratch}/upper,workdir={scratch}/work')} {q(str(merged))}",
+        f"mkdir -p {q(str(merged / venv.lstrip('/')))} {q(str(merged / 'mnt/wheels'))}",
+        f"mount --bind {q(str(target))} {q(str(merged / venv.lstrip('/')))}",
+        f"mount --bind -o ro {q(str(envs.WHEELS))} {q(str(merged / 'mnt/wheels'))}",
+        f"mount -t proc proc {q(str(merged / 'proc'))}",
+        f"mount --rbind /dev {q(str(merged / 'dev'))}",
+        f"chroot {q(str(merged))} /usr/bin/python3 -m venv {q(venv)}",
+        f"chroot {q(str(merged))} {shlex.join(pip)}",
+    ])
+    try:
+        subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       check=True, env=_clean_env())
+    except subprocess.CalledProcessError as err:
+        raise UserError(f"building the sglang {version} layer failed (exit {err.returncode}); see output above") from err
+    envs.torchvision_stub(target)
+    shutil.rmtree(scratch)
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    marker(final).write_text(version + "\n")
+
+
+def _clean_env() -> dict:
+    """The machine's pip settings (find-links, extra indexes) mean nothing inside the chroot."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE="/dev/null", PIP_DISABLE_PIP_VERSION_CHECK="1", HOME="/root")
+    return env
+
+
+def site_packages(version: str) -> str:
+    """The venv's site-packages path as the host sees it (python 3.11 in Debian 12)."""
+    return f"{VENV[version]}/lib/python3.11/site-packages"

@@ -1,0 +1,182 @@
+"""What each lab host looks like: its sglang version and venv, models, and systemd unit.
+
+Two real shapes from the fleet: `ct129` (the operators' box: sglang 0.5.13.post1 in /root/ml-env,
+a hybrid Qwen3.6-27B with NEXTN) and `ct200` (sglang 0.5.23, pure-attention Qwen3-8B with its
+DFlash drafter). Any other host clones one of them by a simple rule: `ct<N>` with N < 200 clones
+ct129, everything else clones ct200 (so ct201..ct207 are 0.5.23 DFlash boxes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from fleetspec.errors import UserError
+from fleetspec.lab import image
+
+SERVICE = "sglang-qwen.service"
+API_PORT = 30000
+
+CT129_ARGV = (
+    "/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B "
+    "--port 30000 --host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 --context-length 131072 "
+    "--max-running-requests 16 --mamba-full-memory-ratio 0.5 --mamba-scheduler-strategy extra_buffer "
+    "--reasoning-parser qwen3 --tool-call-parser qwen3_coder --speculative-algo NEXTN "
+    "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+).split()
+CT200_ARGV = (
+    "/opt/sglang/venv/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3-8B "
+    "--port 30000 --host 0.0.0.0 --tp-size 1 --mem-fraction-static 0.85 --context-length 32768 "
+    "--max-running-requests 32 --reasoning-parser qwen3 --tool-call-parser qwen25 --enable-metrics "
+    "--speculative-algorithm DFLASH --speculative-draft-model-path /root/models/Qwen3-8B-DFlash "
+    "--speculative-num-draft-tokens 16"
+).split()
+
+
+@dataclass(frozen=True)
+class Profile:
+    like: str                     # ct129 | ct200
+    version: str
+    argv: list[str]
+    model_path: str
+    draft_model_path: str
+    gpu_count: int
+    tags: list[str] = field(default_factory=list)
+
+    @property
+    def venv(self) -> str:
+        return image.VENV[self.version]
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python3"
+
+
+PROFILES = {
+    "ct129": Profile("ct129", "0.5.13.post1", CT129_ARGV, "/root/models/Qwen3.6-27B",
+                     "/root/models/Qwen3.6-27B-DFlash", 2, ["hybrid"]),
+    "ct200": Profile("ct200", "0.5.23", CT200_ARGV, "/root/models/Qwen3-8B",
+                     "/root/models/Qwen3-8B-DFlash", 1, []),
+}
+
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,10}$")
+
+
+def for_host(name: str) -> Profile:
+    if not NAME.match(name):
+        raise UserError(f"lab host name {name!r}: use lowercase letters, digits and '-', at most 11 characters")
+    m = re.fullmatch(r"ct(\d+)", name)
+    return PROFILES["ct129"] if m and int(m.group(1)) < 200 else PROFILES["ct200"]
+
+
+def address(name: str, taken: set[str]) -> str:
+    """ctN gets 10.200.0.N when 2 <= N <= 254 and free; other names the first free from .10."""
+    m = re.fullmatch(r"ct(\d+)", name)
+    if m and 2 <= int(m.group(1)) <= 254 and f"10.200.0.{int(m.group(1))}" not in taken:
+        return f"10.200.0.{int(m.group(1))}"
+    for n in range(10, 255):
+        if f"10.200.0.{n}" not in taken:
+            return f"10.200.0.{n}"
+    raise UserError("the lab network 10.200.0.0/24 is full")
+
+
+def unit_text(p: Profile) -> str:
+    """The unit as each fleet writes it: ct129's by hand (0.5.13 era), ct200's for 0.5.23."""
+    exec_start = shlex.join(p.argv)
+    if p.like == "ct129":
+        return f"""[Unit]
+Description=SGLang Qwen3.6-27B (NEXTN)
+After=network-online.target
+
+[Service]
+Type=simple
+User=root
+WorkingDirectory=/root
+Environment=PYTHONUNBUFFERED=1
+ExecStart={exec_start}
+Restart=on-failure
+RestartSec=5
+LimitNOFILE=65535
+
+[Install]
+WantedBy=multi-user.target
+"""
+    return f"""[Unit]
+Description=SGLang server (Qwen3-8B, DFlash)
+Documentation=https://docs.sglang.ai
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=root
+WorkingDirectory=/opt/sglang
+Environment=PYTHONUNBUFFERED=1
+Environment=SGLANG_PLUGINS=
+ExecStart={exec_start}
+KillSignal=SIGTERM
+TimeoutStopSec=60
+Restart=on-failure
+RestartSec=5
+LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def model_configs(p: Profile) -> dict[str, dict]:
+    """config.json per model folder: realistic shapes, no weights."""
+    if p.like == "ct129":
+        layers = 64
+        layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+        target = {
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "text_config": {
+                "model_type": "qwen3_5_text", "hidden_size": 5120, "intermediate_size": 17408,
+                "num_hidden_layers": layers, "num_attention_heads": 24, "num_key_value_heads": 4,
+                "head_dim": 256, "layer_types": layer_types, "full_attention_interval": 4,
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 48, "mtp_num_hidden_layers": 1,
+                "max_position_embeddings": 262144, "rope_theta": 10000000, "vocab_size": 248320,
+                "rms_norm_eps": 1e-06, "torch_dtype": "bfloat16",
+            },
+            "layer_types": layer_types, "num_hidden_layers": layers, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "transformers_version": "5.8.1",
+        }
+        draft = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": 5,
+                 "hidden_size": 5120, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "head_dim": 128, "intermediate_size": 17408, "vocab_size": 248320,
+                 "block_size": 16, "target_layer_ids": [1, 16, 31, 46, 61],
+                 "dflash_config": {"mask_token_id": 248077, "target_model": "Qwen3.6-27B"},
+                 "torch_dtype": "bfloat16"}
+    else:
+        target = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+                  "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+                  "rope_theta": 1000000, "rms_norm_eps": 1e-06, "vocab_size": 151936,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}
+        draft = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": 5,
+                 "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                 "intermediate_size": 12288, "vocab_size": 151936, "block_size": 16,
+                 "target_layer_ids": [1, 9, 17, 25, 33],
+                 "dflash_config": {"mask_token_id": 151669, "target_model": "Qwen3-8B"},
+                 "torch_dtype": "bfloat16"}
+    return {p.model_path: target, p.draft_model_path: draft}
+
+
+def inventory_vars(p: Profile) -> dict:
+    return {"python": p.python, "service": SERVICE, "api_port": API_PORT, "model_path": p.model_path,
+            "draft_model_path": p.draft_model_path, "gpu_count": p.gpu_count, "tags": list(p.tags),
+            "sglang_version": p.version, "lab_profile": p.like}
+
+
+def files(p: Profile) -> dict[str, bytes]:
+    """Host-specific files (absolute path -> bytes) laid into the host's overlay upper dir."""
+    out = {f"/etc/systemd/system/{SERVICE}": unit_text(p).encode()}
+    for folder, cfg in model_configs(p).items():
+        out[f"{folder}/config.json"] = (json.dumps(cfg, indent=2) + "\n").encode()
+        out[f"{folder}/README.lab"] = b"fleetspec lab: config only, no weights (the engine is a stand-in)\n"
+    return out
