@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from fleetspec.errors import NeedsAttention, UserError
+from fleetspec.errors import NeedsAttention, RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.layout import HostLayout
@@ -259,7 +259,7 @@ def take_baseline(t, pf: Preflight) -> Baseline:
         r = t.http("GET", pf.host.vars.api_port, "/server_info", timeout=10)
         if r.status == 200:
             served = json.loads(r.body).get("speculative_algorithm")
-    except (OSError, ValueError):
+    except (RemoteError, ValueError):
         pass
     from fleetspec.model.ledger import actor
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from fleetspec.errors import RemoteError
 from fleetspec.remote.facts import systemd as systemd_fact
 
 
@@ -87,7 +88,7 @@ def _get(t, spec: ProbeSpec, path: str):
     try:
         r = t.http("GET", spec.port, path, timeout=10, headers=_headers(spec))
         return r.status, r.body
-    except OSError:
+    except RemoteError:
         return None
 
 
@@ -117,7 +118,7 @@ def generate(t, spec: ProbeSpec, prompt: str, max_new_tokens: int, temperature: 
     body = {"text": prompt, "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens}}
     try:
         r = t.http("POST", spec.port, "/generate", json=body, timeout=120, headers=_headers(spec))
-    except OSError as err:
+    except RemoteError as err:
         return {"ok": False, "error": str(err)}
     if r.status != 200:
         return {"ok": False, "error": f"HTTP {r.status}: {r.body[:200]!r}"}

@@ -301,6 +301,17 @@ class Transport:
             raise RemoteError(f"{self.name}: `{_short(shown)}` exited {rc}: {detail[0][:300]}")
         return result
 
+    def open_exec(self, script: str):
+        """Start a long-lived command whose stdin is our channel (the deploy lock's holder).
+        The caller owns the channel; closing it (or this process dying) ends the command."""
+        ssh = self.connect()
+        try:
+            chan = ssh.open_session(timeout=self.host.connect_timeout)
+            chan.exec_command(self._wrap(script))
+        except (paramiko.SSHException, EOFError, OSError) as err:
+            raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None
+        return chan
+
     # ---- files -----------------------------------------------------------------------------
 
     def _sftp_client(self) -> paramiko.SFTPClient:
