@@ -1,0 +1,216 @@
+"""deploy, rollback, history, unlock, baseline: the commands that change (or explain) a host."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from fleetspec.errors import FleetspecError, UserError
+from fleetspec.cli.output import Progress, echo_table
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict:
+    out = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--set {item!r}: expected NAME=VALUE")
+        out[name] = raw
+    return out
+
+
+def _typed(playbook, sets: dict) -> dict:
+    """--set values take the type of the option's default (int, float, bool, str)."""
+    out = {}
+    for name, raw in sets.items():
+        default = playbook.options.get(name)
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                out[name] = raw.lower() in ("true", "1", "yes")
+            elif isinstance(default, int):
+                out[name] = int(raw)
+            elif isinstance(default, float):
+                out[name] = float(raw)
+            else:
+                out[name] = raw
+        except ValueError:
+            raise UserError(f"--set {name}={raw}: expected {type(default).__name__} like the default "
+                            f"{default!r} in {playbook.path}") from None
+    return out
+
+
+@click.command()
+@click.argument("targets", nargs=-1)
+@click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
+@click.option("--algo", required=True, help="Playbook to apply: nextn, dflash, ddtree, …")
+@click.option("--plan", "plan_only", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--mode", type=click.Choice(["release", "in-place"]), default="release", show_default=True)
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Override a playbook option.")
+@click.option("--no-gates", is_flag=True, help="Skip the playbook's gates (probes still run).")
+@click.option("--canary", type=int, default=0, show_default=True, help="Hosts to move first, alone.")
+@click.option("--serial", default="1", show_default=True, help="Hosts per batch after the canary (N or P%).")
+@click.option("--max-fail", default="0", show_default=True, help="Failures tolerated fleet-wide (K or P%).")
+@click.option("--parallel", type=int, default=0, help="Hosts at once within a batch (default: the batch size).")
+@click.option("--rollback-all-on-abort", is_flag=True, help="On abort, also roll back hosts moved in this run.")
+@click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
+@click.pass_obj
+def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
+           parallel, rollback_all_on_abort, yes, as_json):
+    """Move hosts to an algo: preflight, lock, baseline, stage, smoke, render, switch, restart,
+    probes, gates, commit. Any failure after the switch reverts the host (exit 1)."""
+    from fleetspec.model.playbook import load_playbook_for
+    from fleetspec.ops import fleet
+
+    if mode == "in-place":
+        raise UserError("--mode in-place is not supported yet; use the default release mode")
+    hosts = obj.select(targets, all_hosts)
+    playbook = load_playbook_for(obj.root_path, algo)
+    options = _typed(playbook, _parse_sets(sets))
+    strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
+                                    parallel=parallel, rollback_all_on_abort=rollback_all_on_abort)
+    if not plan_only and not yes and sys.stdin.isatty():
+        click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
+    progress = Progress(enabled=not as_json)
+    outcomes = fleet.deploy_fleet(obj, hosts, playbook, options=options, strategy=strategy, plan_only=plan_only,
+                                  run_gates=not no_gates, echo=progress.echo, progress=progress.line,
+                                  pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
+    progress.line(None)
+    if as_json:
+        for o in outcomes:
+            click.echo(json.dumps(o.to_json(), default=str, sort_keys=True))
+    elif plan_only:
+        for o in outcomes:
+            _print_plan(o)
+    else:
+        _print_deploy_summary(outcomes)
+    sys.exit(max((o.exit_code for o in outcomes), default=0))
+
+
+def _print_plan(o) -> None:
+    if o.plan is None:
+        click.echo(f"{o.host}: {o.status}: {o.reason}")
+        return
+    p = o.plan
+    click.echo(f"== {p['host']} ({p['service']}, sglang {p['sglang']}): {p['previous']} -> {p['algo']} "
+               f"(serves {p['expected_algorithm']})")
+    for note in p["notes"]:
+        click.echo(f"   note: {note}")
+    click.echo(p["execstart_diff"].rstrip() or "   ExecStart unchanged")
+    click.echo("-- drop-in to install:")
+    click.echo(p["dropin"].rstrip())
+    click.echo(f"-- files to push ({len(p['files'])} + {len(p['kernels'])} kernels):")
+    for path, digest in {**p["files"], **p["kernels"]}.items():
+        click.echo(f"   {digest[:16]}  {path}")
+    click.echo(f"-- smoke tests: {', '.join(p['smoke']) or 'none'}")
+    click.echo(f"-- gates: {', '.join(p['gates']) or 'none'}")
+
+
+def _print_deploy_summary(outcomes) -> None:
+    rows = []
+    for o in outcomes:
+        figures = ", ".join(f"{k}={v}" for g in o.figures.values() for k, v in (g or {}).items()
+                            if isinstance(v, (int, float)))
+        rows.append([o.host, o.status, o.release or "-", o.failed_step or "-", figures or "-",
+                     f"{o.seconds:.1f}s", o.reason or ""])
+    echo_table(["host", "outcome", "release", "failed step", "gate figures", "time", "why"], rows)
+    for o in outcomes:
+        if o.status == "needs_attention":
+            click.echo(f"{o.host} needs attention: run {o.evidence.get('command', f'fleetspec rollback {o.host}')}",
+                       err=True)
+        elif o.evidence.get("journal"):
+            click.echo(f"{o.host} journal (last lines):", err=True)
+            for line in o.evidence["journal"][-8:]:
+                click.echo(f"  {line}", err=True)
+
+
+@click.command()
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--to", "to", default=None, help="A healthy release id, or 'baseline' (default).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def rollback(obj, targets, to, as_json):
+    """Put hosts back on their baseline (or a healthy release): byte-exact unit, then probes."""
+    from fleetspec.ops.rollback import rollback as do_rollback
+
+    progress = Progress(enabled=not as_json)
+    results, code = [], 0
+    for host in obj.select(targets, False):
+        try:
+            out = do_rollback(obj.transport(host), host, obj.root_path, None if to in (None, "baseline") else to,
+                              echo=progress.echo, progress=progress.line)
+            results.append(out.to_json())
+        except FleetspecError as err:
+            code = max(code, err.exit_code)
+            results.append({"host": host.name, "status": "error", "reason": str(err), "exit_code": err.exit_code})
+            if not as_json:
+                click.echo(f"fleetspec: {err}", err=True)
+    progress.line(None)
+    if as_json:
+        for r in results:
+            click.echo(json.dumps(r, default=str, sort_keys=True))
+    else:
+        echo_table(["host", "outcome", "from", "to", "time", "note"],
+                   [[r["host"], r["status"], r.get("left") or "baseline" if r["status"] != "error" else "-",
+                     r.get("target", "-"), f"{r.get('seconds', 0):.1f}s", r.get("note") or r.get("reason", "")]
+                    for r in results])
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("host")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", type=int, default=200, show_default=True)
+@click.pass_obj
+def history(obj, host, as_json, limit):
+    """The host's ledger as a table: every release, step and gate figure."""
+    from fleetspec.ops.history import read_history
+
+    h = obj.select([host], False)[0]
+    entries, skipped = read_history(obj.transport(h), h)
+    if skipped:
+        click.echo(f"warning: {h.name}: skipped {len(skipped)} torn ledger line(s): {skipped[:5]}", err=True)
+    entries = entries[-limit:]
+    if as_json:
+        for e in entries:
+            click.echo(e.to_line())
+        return
+    import time as _t
+
+    echo_table(["time", "release", "kind", "name", "state", "detail"],
+               [[_t.strftime("%m-%d %H:%M:%S", _t.localtime(e.ts)), e.release, e.kind, e.name, e.state,
+                 json.dumps(e.detail, default=str)[:90] if e.detail else ""] for e in entries])
+
+
+@click.command()
+@click.argument("host")
+@click.option("--force", is_flag=True, required=True, help="Required: end a stale holder.")
+@click.pass_obj
+def unlock(obj, host, force):
+    """End a stale deploy lock. Refused while its holder is alive on this machine."""
+    from fleetspec.remote.lock import force_unlock
+    from fleetspec.model.layout import HostLayout
+
+    h = obj.select([host], False)[0]
+    holder = force_unlock(obj.transport(h), str(HostLayout(h.vars.service).lock))
+    click.echo(f"{h.name}: unlocked (was held by {holder.describe()})" if holder else f"{h.name}: not locked")
+
+
+@click.command()
+@click.argument("host")
+@click.option("--retake", is_flag=True, required=True, help="Record the service as it is now as the new baseline.")
+@click.pass_obj
+def baseline(obj, host, retake):
+    """Re-record the baseline after the operator changed the service by hand."""
+    from fleetspec.ops.baseline import retake as do_retake
+
+    h = obj.select([host], False)[0]
+    click.echo(do_retake(obj.transport(h), h, obj.root_path))
+
+
+COMMANDS = [deploy, rollback, history, unlock, baseline]

@@ -1,0 +1,121 @@
+"""Moving a fleet: canary hosts first, then batches, stopping once failures pass the limit.
+
+Hosts are independent: each runs its own deploy (and its own revert) on its own connection, so a
+slow or unreachable host costs only its own timeout. Ctrl-C stops starting hosts; hosts already
+running finish or revert, so none is left mid-switch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from fleetspec.errors import FleetspecError, UserError
+from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest
+
+
+def _count(spec: str, total: int, what: str) -> int:
+    spec = str(spec).strip()
+    try:
+        if spec.endswith("%"):
+            return max(0, math.floor(total * float(spec[:-1]) / 100))
+        return int(spec)
+    except ValueError:
+        raise UserError(f"--{what} {spec!r}: expected a count like 2 or a share like 25%") from None
+
+
+@dataclass(frozen=True)
+class Strategy:
+    canary: int = 0
+    serial: int = 1
+    max_fail: int = 0
+    parallel: int = 0
+    rollback_all_on_abort: bool = False
+
+    @classmethod
+    def parse(cls, total: int, *, canary: int, serial: str, max_fail: str, parallel: int,
+              rollback_all_on_abort: bool) -> "Strategy":
+        s = cls(canary=canary, serial=max(1, _count(serial, total, "serial")) if total else 1,
+                max_fail=_count(max_fail, total, "max-fail"), parallel=parallel,
+                rollback_all_on_abort=rollback_all_on_abort)
+        if canary < 0 or parallel < 0:
+            raise UserError("--canary and --parallel must not be negative")
+        return s
+
+    def batches(self, hosts: list) -> list[list]:
+        out, rest = [], list(hosts)
+        if self.canary:
+            out.append(rest[: self.canary])
+            rest = rest[self.canary:]
+        while rest:
+            out.append(rest[: self.serial])
+            rest = rest[self.serial:]
+        return out
+
+
+def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, progress, pause_at=None) -> DeployOutcome:
+    """One host, start to end; every error becomes an outcome so the fleet goes on."""
+    try:
+        t = obj.transport(host)
+        req = DeployRequest(host=host, playbook=playbook, root=obj.root_path, plan_only=plan_only,
+                            options=options, run_gates=run_gates, pause_at=pause_at)
+        return Deploy(t, req, echo=echo, progress=progress).run()
+    except FleetspecError as err:
+        status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
+        echo(f"[{host.name}] {status}: {err}")
+        out = DeployOutcome(host.name, status, reason=str(err), exit_code=err.exit_code)
+        if getattr(err, "command", None):
+            out.evidence["command"] = err.command
+        return out
+
+
+def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only=False, run_gates=True,
+                 echo=print, progress=lambda _: None, pause_at=None) -> list[DeployOutcome]:
+    outcomes: dict[str, DeployOutcome] = {}
+    stop = threading.Event()
+    failures = 0
+    for number, batch in enumerate(strategy.batches(hosts)):
+        if stop.is_set():
+            break
+        width = min(len(batch), strategy.parallel or len(batch))
+        pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="deploy")
+        futures = {h.name: pool.submit(deploy_one, obj, h, playbook, options=options, plan_only=plan_only,
+                                       run_gates=run_gates, echo=echo, progress=progress, pause_at=pause_at)
+                   for h in batch}
+        try:
+            for name, fut in futures.items():
+                outcomes[name] = fut.result()
+        except KeyboardInterrupt:
+            echo("interrupted: no new hosts will start; waiting for running hosts to finish or revert")
+            stop.set()
+            for name, fut in futures.items():
+                outcomes[name] = fut.result()
+        finally:
+            pool.shutdown(wait=True)
+        failures += sum(1 for h in batch if outcomes[h.name].status not in ("healthy", "planned"))
+        if failures > strategy.max_fail:
+            label = "canary" if (number == 0 and strategy.canary) else f"batch {number + 1}"
+            echo(f"stopping: {failures} failed host(s) after {label} (--max-fail {strategy.max_fail})")
+            stop.set()
+    skipped = [h for h in hosts if h.name not in outcomes]
+    for h in skipped:
+        outcomes[h.name] = DeployOutcome(h.name, "skipped", reason="not started: the rollout stopped", exit_code=1)
+    if stop.is_set() and strategy.rollback_all_on_abort and not plan_only:
+        _rollback_moved(obj, hosts, outcomes, echo, progress)
+    return [outcomes[h.name] for h in hosts]
+
+
+def _rollback_moved(obj, hosts, outcomes, echo, progress) -> None:
+    from fleetspec.ops.rollback import rollback
+
+    for h in hosts:
+        o = outcomes[h.name]
+        if o.status != "healthy":
+            continue
+        try:
+            rollback(obj.transport(h), h, obj.root_path, None, echo=echo, progress=progress)
+            o.status, o.reason, o.exit_code = "rolled_back", "rolled back: the rollout was aborted", 1
+        except FleetspecError as err:
+            o.status, o.reason, o.exit_code = "needs_attention", f"abort rollback failed: {err}", 3
