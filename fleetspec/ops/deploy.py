@@ -92,6 +92,7 @@ class Deploy:
                 self.step("stage", self._stage)
                 self.step("smoke", self._smoke)
                 self.step("render", self._render)
+                self.step("measure", self._measure_before)
                 self.step("switch", self._switch)
                 self.step("restart", self._restart)
                 self.step("probes", self._probes)
@@ -164,6 +165,19 @@ class Deploy:
 
     def _render(self) -> dict:
         return switching.render_release(self.t, self.pf, self.state, self.release)
+
+    def _measure_before(self) -> dict:
+        """The same host's figures on what it serves now, for the gates to compare against."""
+        from fleetspec.ops import gates
+
+        g = self.pf.playbook.gates
+        if not self.req.run_gates or not gates.needs_baseline(g):
+            return {"skipped": True}
+        self.pf.before = gates.measure(
+            self.t, self.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
+            concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
+            requests=g.throughput.requests if g.throughput else 0, api_key=self.pf.probe_spec(None).api_key)
+        return {"figures": self.pf.before.figures()}
 
     def _switch(self) -> dict:
         self._mark(L.SWITCHED, previous=self.previous or BASELINE)

@@ -56,6 +56,7 @@ class Preflight:
     baseline: Baseline | None = None
     keep_releases: int = 3
     guard: dict | None = None
+    before: object | None = None                  # gates.Measurement of the service before the switch
 
     @property
     def layout(self) -> HostLayout:

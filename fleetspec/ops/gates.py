@@ -1,0 +1,210 @@
+"""Gates: measured conditions a release must meet to be kept.
+
+A speculative decoder that starts but accepts fewer tokens, runs slower, or changes greedy output
+is a regression no health check sees. Each gate compares the release with the same host's
+figures measured on the running service just before the switch (same prompts, same load), and
+returns pass, fail or inconclusive. Inconclusive (no data, errors, too few samples) fails closed
+unless the gate is `dry_run`, which records and never blocks.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fleetspec.errors import RemoteError
+
+GOLDEN_PROMPTS = (
+    "The capital of France is",
+    "Write a Python function that reverses a linked list.",
+    "Explain speculative decoding in two sentences.",
+    "List three prime numbers greater than 100.",
+    "Translate 'good morning' into German.",
+    "What is the derivative of x^3 + 2x?",
+    "Summarise the plot of Hamlet in one line.",
+    "def fibonacci(n):",
+)
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+MIN_SAMPLES = 3
+
+
+@dataclass
+class Verdict:
+    name: str
+    verdict: str
+    reason: str = ""
+    figures: dict = field(default_factory=dict)
+    dry_run: bool = False
+
+    @property
+    def blocks(self) -> bool:
+        return self.verdict != PASS and not self.dry_run
+
+
+@dataclass
+class Measurement:
+    """What one run of the prompt set (and optional load) showed on a service."""
+
+    outputs: dict[str, list] = field(default_factory=dict)     # prompt -> output ids (greedy)
+    texts: dict[str, str] = field(default_factory=dict)
+    accept_lengths: list[float] = field(default_factory=list)
+    tokens_per_s: dict[int, float] = field(default_factory=dict)   # concurrency -> output tok/s
+    tpot_ms: dict[int, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict:
+        out = {"requests_failed": len(self.errors)}
+        if self.accept_lengths:
+            out["accept_length"] = round(statistics.fmean(self.accept_lengths), 3)
+        for c, v in self.tokens_per_s.items():
+            out[f"tok_s_c{c}"] = round(v, 1)
+        for c, v in self.tpot_ms.items():
+            out[f"tpot_ms_c{c}"] = round(v, 2)
+        return out
+
+
+def _generate(t, port: int, prompt: str, max_new_tokens: int, headers: dict) -> dict:
+    body = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+    started = time.monotonic()
+    r = t.http("POST", port, "/generate", json=body, timeout=300, headers=headers)
+    if r.status != 200:
+        raise RemoteError(f"/generate answered {r.status}")
+    data = r.json()
+    data["_wall"] = time.monotonic() - started
+    return data
+
+
+def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, concurrency=(), requests: int = 16,
+            api_key: str | None = None) -> Measurement:
+    """Greedy outputs and acceptance for the golden prompts, then tokens/s at each concurrency."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    m = Measurement()
+    for prompt in prompts:
+        try:
+            data = _generate(t, port, prompt, max_new_tokens, headers)
+        except (RemoteError, ValueError) as err:
+            m.errors.append(f"{prompt[:20]!r}: {err}")
+            continue
+        meta = data.get("meta_info", {})
+        m.outputs[prompt] = data.get("output_ids") or []
+        m.texts[prompt] = data.get("text", "")
+        if meta.get("spec_accept_length") is not None:
+            m.accept_lengths.append(float(meta["spec_accept_length"]))
+    for level in concurrency:
+        tokens, walls, errors = _load(t, port, level, requests, max_new_tokens, headers)
+        m.errors.extend(errors)
+        if tokens and walls:
+            m.tokens_per_s[level] = tokens / walls[0]
+            m.tpot_ms[level] = 1000 * walls[1] / max(1, tokens / max(1, requests - len(errors)))
+    return m
+
+
+def _load(t, port, level, requests, max_new_tokens, headers):
+    """`requests` generations, `level` at a time; (output tokens, (wall, mean latency)), errors."""
+    prompts = [f"{GOLDEN_PROMPTS[i % len(GOLDEN_PROMPTS)]} (#{i})" for i in range(requests)]
+    errors, latencies, tokens = [], [], 0
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=level) as pool:
+        for fut in [pool.submit(_generate, t, port, p, max_new_tokens, headers) for p in prompts]:
+            try:
+                data = fut.result()
+                tokens += int(data.get("meta_info", {}).get("completion_tokens") or 0)
+                latencies.append(data["_wall"])
+            except (RemoteError, ValueError) as err:
+                errors.append(str(err))
+    wall = time.monotonic() - started
+    return tokens, ((wall, statistics.fmean(latencies)) if latencies else None), errors
+
+
+def needs_baseline(gates) -> bool:
+    return bool(gates.throughput or gates.parity or (gates.acceptance and gates.acceptance.vs_baseline_tolerance))
+
+
+def judge(gates, before: Measurement | None, after: Measurement, *, hybrid: bool) -> list[Verdict]:
+    """Pure: the verdicts of the playbook's gates on two measurements."""
+    out = []
+    if gates.acceptance:
+        out.append(_acceptance(gates.acceptance, before, after))
+    if gates.throughput:
+        out.append(_throughput(gates.throughput, before, after))
+    if gates.parity:
+        out.append(_parity(gates.parity, before, after, hybrid))
+    return out
+
+
+def _acceptance(g, before, after) -> Verdict:
+    fig = {"accept_length": after.figures().get("accept_length"), "samples": len(after.accept_lengths)}
+    if before and before.accept_lengths:
+        fig["baseline_accept_length"] = before.figures()["accept_length"]
+    if len(after.accept_lengths) < MIN_SAMPLES:
+        return Verdict("acceptance", INCONCLUSIVE, f"{len(after.accept_lengths)} samples (< {MIN_SAMPLES})", fig, g.dry_run)
+    value = fig["accept_length"]
+    if g.min is not None and value < g.min:
+        return Verdict("acceptance", FAIL, f"accept length {value} < floor {g.min}", fig, g.dry_run)
+    if g.vs_baseline_tolerance is not None:
+        base = fig.get("baseline_accept_length")
+        if base is None:
+            return Verdict("acceptance", INCONCLUSIVE, "no baseline acceptance measured", fig, g.dry_run)
+        if value < base - g.vs_baseline_tolerance:
+            return Verdict("acceptance", FAIL, f"accept length {value} < baseline {base} - {g.vs_baseline_tolerance}",
+                           fig, g.dry_run)
+    return Verdict("acceptance", PASS, "", fig, g.dry_run)
+
+
+def _throughput(g, before, after) -> Verdict:
+    fig = {}
+    if before is None:
+        return Verdict("throughput", INCONCLUSIVE, "no baseline measured", fig, g.dry_run)
+    worst = None
+    for level in g.concurrency:
+        b, a = before.tokens_per_s.get(level), after.tokens_per_s.get(level)
+        if not b or a is None:
+            return Verdict("throughput", INCONCLUSIVE, f"no figures at concurrency {level}", fig, g.dry_run)
+        ratio = a / b
+        fig[f"tok_s_c{level}"], fig[f"baseline_tok_s_c{level}"], fig[f"ratio_c{level}"] = round(a, 1), round(b, 1), round(ratio, 3)
+        worst = ratio if worst is None else min(worst, ratio)
+    if after.errors:
+        return Verdict("throughput", INCONCLUSIVE, f"{len(after.errors)} failed requests", fig, g.dry_run)
+    if g.min_ratio is not None and worst is not None and worst < g.min_ratio:
+        return Verdict("throughput", FAIL, f"release/baseline tokens/s {worst:.3f} < {g.min_ratio}", fig, g.dry_run)
+    return Verdict("throughput", PASS, "", fig, g.dry_run)
+
+
+def _parity(g, before, after, hybrid: bool) -> Verdict:
+    if before is None or not before.outputs:
+        return Verdict("parity", INCONCLUSIVE, "no baseline outputs", {}, g.dry_run)
+    tolerance = g.hybrid_tolerance_tokens if hybrid else 0
+    compared, worst = 0, None
+    for prompt, want in before.outputs.items():
+        got = after.outputs.get(prompt)
+        if got is None:
+            continue
+        compared += 1
+        first = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y),
+                     None if len(want) == len(got) else min(len(want), len(got)))
+        if first is not None and (len(want) - first) > tolerance:
+            worst = worst or (prompt, first, want[first] if first < len(want) else None,
+                              got[first] if first < len(got) else None)
+    fig = {"prompts_compared": compared}
+    if compared < min(MIN_SAMPLES, len(before.outputs)):
+        return Verdict("parity", INCONCLUSIVE, f"only {compared} prompts compared", fig, g.dry_run)
+    if worst:
+        prompt, index, want_tok, got_tok = worst
+        fig["first_difference"] = {"prompt": prompt, "token_index": index, "baseline": want_tok, "release": got_tok}
+        return Verdict("parity", FAIL, f"greedy output differs at token {index} for {prompt!r} "
+                                       f"(baseline {want_tok}, release {got_tok})", fig, g.dry_run)
+    return Verdict("parity", PASS, "", fig, g.dry_run)
+
+
+def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
+    g = pf.playbook.gates
+    after = measure(t, pf.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
+                    concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
+                    requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
+    verdicts = judge(g, pf.before, after, hybrid=pf.hybrid)
+    for v in verdicts:
+        echo(f"[{pf.host.name}] gate {v.name}: {v.verdict}{' (dry run)' if v.dry_run else ''}"
+             f"{' — ' + v.reason if v.reason else ''} {v.figures}")
+    return verdicts
