@@ -147,6 +147,16 @@ def boot(name: str, address: str, profile: profiles.Profile) -> HostState:
     return state
 
 
+def _reap(state: HostState | None) -> None:
+    """When this process started the host (tests: up and down in one process), collect it."""
+    if state is None:
+        return
+    try:
+        os.waitpid(state.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def stop(name: str, timeout: float = 20.0) -> list[str]:
     """Power the host off and remove everything it had; returns what could not be removed."""
     state = HostState.load(name)
@@ -169,7 +179,12 @@ def stop(name: str, timeout: float = 20.0) -> list[str]:
             except ProcessLookupError:
                 pass
         time.sleep(0.2)
-    problems = cgroups.remove(paths)
+    _reap(state)
+    delay, deadline = 0.05, time.monotonic() + 5
+    while (problems := cgroups.remove(paths)) and time.monotonic() < deadline:
+        time.sleep(delay)  # an exited task can linger in cgroup.procs until its parent reaps it
+        delay = min(delay * 2, 0.5)
+        _reap(state)
     network.remove_host(name)
     shutil.rmtree(Path("/run/systemd/nspawn/propagate") / name, ignore_errors=True)
     shutil.rmtree(host_dir(name), ignore_errors=True)

@@ -118,6 +118,8 @@ def down(root: Path | None = None, log=print) -> list[str]:
             problems += cgroups.remove(sorted(p for p in path.iterdir() if p.is_dir())) if path.is_dir() else []
             try:
                 path.rmdir()
+            except FileNotFoundError:
+                pass
             except OSError as err:
                 problems.append(f"{path}: {err}")
         network.remove_bridge()

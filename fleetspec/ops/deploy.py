@@ -170,13 +170,9 @@ class Deploy:
         """The same host's figures on what it serves now, for the gates to compare against."""
         from fleetspec.ops import gates
 
-        g = self.pf.playbook.gates
-        if not self.req.run_gates or not gates.needs_baseline(g):
+        if not self.req.run_gates or not gates.needs_baseline(self.pf.playbook.gates):
             return {"skipped": True}
-        self.pf.before = gates.measure(
-            self.t, self.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
-            concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
-            requests=g.throughput.requests if g.throughput else 0, api_key=self.pf.probe_spec(None).api_key)
+        self.pf.before = gates.measure_for(self.t, self.pf)
         return {"figures": self.pf.before.figures()}
 
     def _switch(self) -> dict:

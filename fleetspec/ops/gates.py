@@ -198,12 +198,17 @@ def _parity(g, before, after, hybrid: bool) -> Verdict:
     return Verdict("parity", PASS, "", fig, g.dry_run)
 
 
-def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
+def measure_for(t, pf) -> Measurement:
+    """Measure what the host serves now, the way the playbook's gates ask."""
     g = pf.playbook.gates
-    after = measure(t, pf.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
-                    concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
-                    requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
-    verdicts = judge(g, pf.before, after, hybrid=pf.hybrid)
+    return measure(t, pf.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
+                   concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
+                   requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
+
+
+def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
+    after = measure_for(t, pf)
+    verdicts = judge(pf.playbook.gates, pf.before, after, hybrid=pf.hybrid)
     for v in verdicts:
         echo(f"[{pf.host.name}] gate {v.name}: {v.verdict}{' (dry run)' if v.dry_run else ''}"
              f"{' — ' + v.reason if v.reason else ''} {v.figures}")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fleetspec.errors import RemoteError
+
 WHITESPACE = " \t\n\r"
 _SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
            "\\": "\\", '"': '"', "'": "'", "s": " "}
 
 
-class UnitSyntaxError(ValueError):
+class UnitSyntaxError(RemoteError, ValueError):
     """Text that systemd would refuse (or that needs specifiers only systemd can resolve)."""
 
 
@@ -247,3 +249,19 @@ def exec_start_of(unit_texts: list[str], specifiers: dict[str, str] | None = Non
             else:
                 commands.extend(parse_exec(value, specifiers))
     return commands
+
+
+def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
+                         specifiers: dict[str, str] | None = None) -> list[str]:
+    """The argv the service's process gets (one ExecStart= command, `$$` expanded).
+
+    Refuses (UnitSyntaxError) a unit with no or several commands, or one whose argv uses
+    `$VARIABLES`: fleetspec would otherwise rewrite a command line it does not fully know.
+    """
+    commands = exec_start_of([unit_text, *dropin_texts], specifiers)
+    if len(commands) != 1:
+        raise UnitSyntaxError(f"expected exactly one ExecStart= command, found {len(commands)}")
+    argv, uses_vars = expand_dollars(commands[0].argv)
+    if uses_vars:
+        raise UnitSyntaxError("ExecStart= uses $VARIABLES; fleetspec cannot derive its argv exactly")
+    return argv
