@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job on the built-in lab fleet: bring up ct129 and ct200 (real systemd, sshd, sglang),
+# show the fleet, move ct129 from NEXTN to DDTree, show it again. `fleetspec lab down` ends it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+fleetspec lab up --hosts ct129,ct200
+fleetspec status --all
+fleetspec deploy ct129 --algo ddtree --yes
+fleetspec status --all
+echo "Next: fleetspec history ct129; fleetspec rollback ct129; fleetspec lab down"

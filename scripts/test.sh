@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs (scripts/setup.sh), then runs the whole suite,
+# unit tests and the end-to-end lab tests on real containers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec python3 -m pytest -p no:cacheprovider "$@"
