@@ -17,6 +17,8 @@ WHEELS = CACHE / "wheels"
 ENVS = CACHE / "envs"
 
 TORCH = "torch==2.13.0"
+# Where this kind of machine keeps the CPU torch wheel (pip's find-links).
+LOCAL_WHEEL_DIRS = ("/opt/wheels",)
 SGLANG_VERSIONS = ("0.5.13.post1", "0.5.23")
 
 # Exact pins, so every machine builds the same environments from the same cached wheels.
@@ -54,21 +56,44 @@ def requirements(version: str) -> list[str]:
     return [f"sglang=={version}", TORCH, *PARSER_DEPS, *EXTRA[version]]
 
 
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def cached_wheel(requirement: str) -> Path | None:
+    name, _, version = requirement.partition("==")
+    for wheel in WHEELS.glob("*.whl"):
+        w_name, w_version = wheel.name.split("-")[:2]
+        if _normal(w_name) == _normal(name) and w_version == version:
+            return wheel
+    return None
+
+
 def download_wheels(versions=SGLANG_VERSIONS, python: str = sys.executable) -> None:
-    """Fill the wheel cache (needs the package index; a no-op when every wheel is there)."""
+    """Fill the wheel cache (needs the package index only for wheels not cached yet)."""
     WHEELS.mkdir(parents=True, exist_ok=True)
-    reqs = sorted({r for v in versions for r in requirements(v)})
-    subprocess.run(
-        [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-         "-d", str(WHEELS), *reqs],
-        check=True,
-    )
+    reqs = sorted({r for v in versions for r in requirements(v)} - {TORCH})
+    missing = [r for r in reqs if cached_wheel(r) is None]
+    if missing:
+        subprocess.run(
+            [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", str(WHEELS), *missing],
+            check=True,
+        )
+
+
+def recipe_hash(version: str) -> str:
+    import hashlib
+
+    text = "\n".join([version, *requirements(version), *sorted(TORCHVISION_STUB.values())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def pip_install_offline(python: str, version: str, *, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The pip command that installs one version's environment from the wheel cache alone."""
     return [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-            "--find-links", str(WHEELS), *extra_args, *requirements(version)]
+            "--find-links", str(WHEELS), *[f"--find-links={d}" for d in LOCAL_WHEEL_DIRS if Path(d).is_dir()],
+            *extra_args, *requirements(version)]
 
 
 def local_env(version: str) -> Path:
@@ -79,13 +104,13 @@ def local_env(version: str) -> Path:
     env = ENVS / f"sglang-{version}"
     python = env / "bin" / "python"
     marker = env / ".complete"
-    if marker.exists():
+    if marker.exists() and marker.read_text().strip() == recipe_hash(version):
         return python
     download_wheels((version,))
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
     subprocess.run(pip_install_offline(str(python), version), check=True)
     torchvision_stub(env)
-    marker.write_text(version + "\n")
+    marker.write_text(recipe_hash(version) + "\n")
     return python
 
 
