@@ -1,0 +1,119 @@
+"""`lab fault HOST KIND[=VALUE]…`: break a lab host on purpose, over SSH, the way hosts break.
+
+Faults live in /etc/fleetspec-lab/faults.json on the host; the engine stand-in reads it at start
+(crash_at_start, hang_at_start, slow_load) and per request (the rest), so start-time faults bite
+at the next (re)start of the service. disk_full is real: /var/lib/fleetspec is swapped for a full
+tmpfs holding a copy of its contents, so writes there fail with ENOSPC; --clear copies back.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from fleetspec.errors import UserError
+from fleetspec.lab import lab, ssh
+
+FAULTS = "/etc/fleetspec-lab/faults.json"
+KINDS = {  # kind -> value type (None: a flag)
+    "crash_at_start": None, "hang_at_start": None, "garbage_output": None, "disk_full": None,
+    "health_503_after": float, "slow_tokens": float, "slow_load": float, "wrong_algorithm": str,
+}
+DISK = "/var/lib/fleetspec"
+DISK_LOWER = "/run/fleetspec-lab/disk-lower"
+
+
+def parse(specs) -> dict:
+    out = {}
+    for spec in specs:
+        kind, eq, raw = spec.partition("=")
+        kind = kind.strip().replace("-", "_")
+        if kind not in KINDS:
+            raise UserError(f"unknown fault {kind!r}; known: {', '.join(sorted(KINDS))}")
+        typ = KINDS[kind]
+        if typ is None:
+            if eq:
+                raise UserError(f"fault {kind} takes no value")
+            out[kind] = True
+            continue
+        if not eq or not raw:
+            raise UserError(f"fault {kind} needs a value: {kind}=VALUE")
+        try:
+            value = typ(raw)
+        except ValueError:
+            raise UserError(f"fault {kind}={raw}: expected a number") from None
+        if typ is float and value < 0:
+            raise UserError(f"fault {kind}={raw}: must not be negative")
+        if kind == "slow_tokens" and value < 1:
+            raise UserError(f"fault slow_tokens={raw}: a factor of 1 or more (tokens/s is divided by it)")
+        out[kind] = value
+    return out
+
+
+def _current(root: Path, address: str) -> dict:
+    r = ssh.run(root, address, f"cat {shlex.quote(FAULTS)} 2>/dev/null || true", timeout=15)
+    try:
+        data = json.loads(r.stdout or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_script(faults: dict) -> str:
+    body = json.dumps(faults, indent=1, sort_keys=True) + "\n"
+    tmp = FAULTS + ".tmp"
+    return (f"mkdir -p {shlex.quote(str(Path(FAULTS).parent))} && printf %s {shlex.quote(body)} > {shlex.quote(tmp)}"
+            f" && mv {shlex.quote(tmp)} {shlex.quote(FAULTS)}")
+
+
+def disk_full_script() -> str:
+    d, lo = shlex.quote(DISK), shlex.quote(DISK_LOWER)
+    return "\n".join([
+        "set -e",
+        f"mountpoint -q {d} && exit 0",
+        f"mkdir -p {d} {lo}",
+        f"mount --bind {d} {lo}",
+        f"mount --make-private {lo}",  # else the tmpfs below would propagate onto it (shared /)
+        f"kb=$(( $(du -sk {lo} | cut -f1) + 64 ))",
+        f"mount -t tmpfs -o size=${{kb}}k,mode=0755 fleetspec-lab-disk-full {d}",
+        f"cp -a {lo}/. {d}/",
+        f"dd if=/dev/zero of={d}/.fleetspec-lab-fill bs=4k 2>/dev/null || true",
+    ])
+
+
+def disk_clear_script() -> str:
+    d, lo = shlex.quote(DISK), shlex.quote(DISK_LOWER)
+    return "\n".join([
+        "set -e",
+        f"mountpoint -q {lo} || exit 0",
+        f"rm -f {d}/.fleetspec-lab-fill",
+        f"find {lo} -mindepth 1 -delete",
+        f"cp -a {d}/. {lo}/",
+        f"umount {d}",
+        f"umount {lo}",
+        f"rmdir {lo}",
+    ])
+
+
+def _run(root: Path, address: str, host: str, script: str, what: str) -> None:
+    r = ssh.run(root, address, script, timeout=60)
+    if r.returncode != 0:
+        raise UserError(f"{host}: {what} failed: {(r.stderr or r.stdout).decode(errors='replace').strip()}")
+
+
+def apply(root: Path, host: str, specs) -> dict:
+    wanted = parse(specs)
+    address = lab.address_of(host)
+    faults = {**_current(root, address), **wanted}
+    if wanted.get("disk_full"):
+        _run(root, address, host, disk_full_script(), "disk_full")
+    _run(root, address, host, _write_script(faults), "writing faults.json")
+    return faults
+
+
+def clear(root: Path, host: str) -> dict:
+    address = lab.address_of(host)
+    _run(root, address, host, disk_clear_script(), "clearing disk_full")
+    _run(root, address, host, f"rm -f {shlex.quote(FAULTS)}", "removing faults.json")
+    return {}

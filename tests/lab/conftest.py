@@ -1,0 +1,55 @@
+"""The lab fleet for end-to-end tests: `lab up` for ct129 + ct200 once per session.
+
+`lab_fleet` yields a `LabFleet` (fleet root, inventory path, addresses, a `run(host, script)`
+helper). It tears the lab down at session end unless FLEETSPEC_KEEP_LAB=1. Tests that need it
+skip, saying why, when not root or when systemd-nspawn is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_HOSTS = ("ct129", "ct200")
+
+
+def lab_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "lab tests need root (network namespaces, overlay mounts, systemd-nspawn)"
+    for tool in ("systemd-nspawn", "ip", "unshare", "ssh"):
+        if shutil.which(tool) is None:
+            return f"lab tests need {tool} (apt-get install systemd-container iproute2 openssh-client)"
+    return None
+
+
+@dataclass
+class LabFleet:
+    root: Path
+    inventory: Path
+    addresses: dict[str, str]
+    up_seconds: float
+
+    def run(self, host: str, script: str, timeout: float = 60):
+        """Run a shell string on a lab host; returns CompletedProcess with bytes stdout/stderr."""
+        from fleetspec.lab import ssh
+
+        return ssh.run(self.root, self.addresses[host], script, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def lab_fleet():
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from fleetspec.lab import lab
+
+    result = lab.up(ROOT, LAB_HOSTS, log=lambda m: print(m, flush=True))
+    fleet = LabFleet(ROOT, result.inventory, dict(result.addresses), result.seconds)
+    yield fleet
+    if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
+        lab.down(ROOT)

@@ -1,0 +1,267 @@
+"""End to end on real containers: the lab fleet boots, looks like the operators' hosts, serves
+SGLang's API through the real parser, every fault produces the failure it names, and `lab down`
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetspec.lab import profiles
+
+pytestmark = pytest.mark.lab
+
+SERVICE = profiles.SERVICE
+
+
+def http(fleet, host, path, body=None, timeout=60):
+    """(status, body) of a request to the service on the host, made on the host (curl)."""
+    cmd = ["curl", "-s", "-m", str(int(timeout)), "-o", "/tmp/fleetspec-lab-body", "-w", "%{http_code}"]
+    if body is not None:
+        cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
+    cmd.append(f"http://127.0.0.1:30000{path}")
+    r = fleet.run(host, f"{shlex.join(cmd)}; echo; cat /tmp/fleetspec-lab-body", timeout=timeout + 10)
+    code, _, text = r.stdout.decode().partition("\n")
+    return int(code or 0), text
+
+
+def wait_for(predicate, timeout, what):
+    deadline, delay = time.monotonic() + timeout, 0.2
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_ready(fleet, host, timeout=120):
+    return wait_for(lambda: http(fleet, host, "/ready")[0] == 200, timeout, f"{host} /ready")
+
+
+def restart(fleet, host):
+    assert fleet.run(host, f"systemctl restart {SERVICE}").returncode == 0
+
+
+def generate(fleet, host, prompt="The capital of France is", n=32):
+    code, text = http(fleet, host, "/generate",
+                      {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0}})
+    assert code == 200, text
+    return json.loads(text)
+
+
+def set_fault(fleet, host, *kinds):
+    from fleetspec.lab import faults
+
+    return faults.apply(fleet.root, host, kinds)
+
+
+@pytest.fixture
+def ct200_clean(lab_fleet):
+    """ct200 ready before the test; faults cleared and the service healthy again after it."""
+    from fleetspec.lab import faults
+
+    wait_ready(lab_fleet, "ct200")
+    yield lab_fleet
+    faults.clear(lab_fleet.root, "ct200")
+    restart(lab_fleet, "ct200")
+    wait_ready(lab_fleet, "ct200")
+
+
+def test_hosts_answer_over_ssh(lab_fleet):
+    for host, addr in lab_fleet.addresses.items():
+        r = lab_fleet.run(host, "hostname; systemctl is-system-running")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().split() == [host, "running"]
+    inv = lab_fleet.inventory.read_text()
+    assert "10.200.0.129" in inv and "10.200.0.200" in inv
+
+
+def test_ct129_unit_has_the_operators_execstart(lab_fleet):
+    r = lab_fleet.run("ct129", f"systemctl show -p ExecStart --value {SERVICE}")
+    assert r.returncode == 0
+    expected = " ".join(profiles.CT129_ARGV)
+    assert f"argv[]={expected} ;" in r.stdout.decode()
+    assert lab_fleet.run("ct129", f"systemctl is-enabled {SERVICE}").stdout.decode().strip() == "enabled"
+
+
+def test_mixed_fleet_versions_and_models(lab_fleet):
+    r129 = lab_fleet.run("ct129", "/root/ml-env/bin/python3 -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'; "
+                                  "cat /root/models/Qwen3.6-27B/config.json; test -f /root/models/Qwen3.6-27B-DFlash/config.json")
+    assert r129.returncode == 0, r129.stderr
+    version, _, config = r129.stdout.decode().partition("\n")
+    assert version == "0.5.13.post1"
+    assert "linear_attention" in json.loads(config)["layer_types"]
+    r200 = lab_fleet.run("ct200", "/opt/sglang/venv/bin/python3 -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'; "
+                                  "test ! -e /root/ml-env && test -f /root/models/Qwen3-8B-DFlash/config.json")
+    assert r200.returncode == 0 and r200.stdout.decode().strip() == "0.5.23"
+
+
+def test_sglang_record_is_clean(lab_fleet):
+    """The stand-in never touches sglang's files: every RECORD hash still matches the wheel."""
+    script = r"""
+import base64, hashlib, importlib.metadata as m
+dist = m.distribution("sglang"); bad = []
+for f in dist.files:
+    if f.hash is None: continue
+    data = f.locate().read_bytes()
+    if base64.urlsafe_b64encode(hashlib.new(f.hash.mode, data).digest()).rstrip(b"=").decode() != f.hash.value:
+        bad.append(str(f))
+print(len(bad), bad[:3])
+"""
+    r = lab_fleet.run("ct200", f"/opt/sglang/venv/bin/python3 -c {shlex.quote(script)}")
+    assert r.stdout.decode().startswith("0 "), r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("host,algorithm", [("ct129", "EAGLE"), ("ct200", "DFLASH")])
+def test_server_info_resolved_algorithm_and_launch_command(lab_fleet, host, algorithm):
+    wait_ready(lab_fleet, host)
+    code, text = http(lab_fleet, host, "/server_info")
+    assert code == 200
+    info = json.loads(text)
+    assert info["speculative_algorithm"] == algorithm
+    argv = profiles.PROFILES[host].argv
+    assert info["launch_command"] == " ".join(argv[argv.index("sglang.launch_server") + 1:])
+    assert "avg_spec_accept_length" in info["internal_states"][0]
+    code, _ = http(lab_fleet, host, "/get_server_info")
+    assert code == 200
+    out = generate(lab_fleet, host)
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 32 and meta["spec_verify_ct"] >= 1
+    assert meta["spec_accept_length"] > 1.0
+
+
+def test_greedy_output_is_the_same_on_both_hosts(lab_fleet):
+    for host in ("ct129", "ct200"):
+        wait_ready(lab_fleet, host)
+    a, b = generate(lab_fleet, "ct129"), generate(lab_fleet, "ct200")
+    assert a["text"] == b["text"]
+    # DFlash (ct200) accepts more per step than NEXTN (ct129)
+    assert b["meta_info"]["spec_accept_length"] > a["meta_info"]["spec_accept_length"]
+
+
+def test_unknown_flag_exits_2_with_the_real_parser(lab_fleet):
+    r = lab_fleet.run("ct200", "/opt/sglang/venv/bin/python3 -m sglang.launch_server "
+                               "--model-path /root/models/Qwen3-8B --no-such-flag 1", timeout=120)
+    assert r.returncode == 2
+    assert b"unrecognized arguments: --no-such-flag" in r.stderr
+
+
+def test_fault_crash_at_start(ct200_clean):
+    fleet = ct200_clean
+    set_fault(fleet, "ct200", "crash_at_start")
+    restart(fleet, "ct200")
+    wait_for(lambda: fleet.run("ct200", f"systemctl show -p ExecMainStatus --value {SERVICE}")
+             .stdout.decode().strip() == "1", 90, "the service to crash with status 1")
+    assert http(fleet, "ct200", "/health", timeout=5)[0] == 0  # nothing listening
+
+
+def test_fault_hang_at_start(ct200_clean):
+    fleet = ct200_clean
+    set_fault(fleet, "ct200", "hang_at_start")
+    restart(fleet, "ct200")
+    wait_for(lambda: b"hang_at_start" in fleet.run("ct200", f"journalctl -u {SERVICE} -n 5 --no-pager").stdout,
+             90, "the hang message")
+    time.sleep(1.5)
+    assert fleet.run("ct200", f"systemctl is-active {SERVICE}").stdout.decode().strip() == "active"
+    assert http(fleet, "ct200", "/health", timeout=5)[0] == 0
+
+
+def test_fault_health_503_after(ct200_clean):
+    fleet = ct200_clean
+    assert http(fleet, "ct200", "/health")[0] == 200
+    set_fault(fleet, "ct200", "health_503_after=0.5")
+    time.sleep(0.6)
+    assert http(fleet, "ct200", "/health")[0] == 503
+    assert http(fleet, "ct200", "/health_generate")[0] == 503
+
+
+def test_fault_wrong_algorithm(ct200_clean):
+    fleet = ct200_clean
+    set_fault(fleet, "ct200", "wrong_algorithm=EAGLE")
+    assert json.loads(http(fleet, "ct200", "/server_info")[1])["speculative_algorithm"] == "EAGLE"
+
+
+def test_fault_garbage_output(ct200_clean):
+    fleet = ct200_clean
+    good = generate(fleet, "ct200")["text"]
+    set_fault(fleet, "ct200", "garbage_output")
+    assert generate(fleet, "ct200")["text"] != good
+
+
+def test_fault_slow_tokens(ct200_clean):
+    fleet = ct200_clean
+    fast = generate(fleet, "ct200", n=48)["meta_info"]
+    set_fault(fleet, "ct200", "slow_tokens=4")
+    slow = generate(fleet, "ct200", n=48)["meta_info"]
+    rate = lambda m: m["completion_tokens"] / m["e2e_latency"]  # noqa: E731
+    assert rate(fast) / rate(slow) > 2.5
+
+
+def test_fault_slow_load(ct200_clean):
+    fleet = ct200_clean
+    set_fault(fleet, "ct200", "slow_load=8")
+    t0 = time.monotonic()
+    restart(fleet, "ct200")
+    wait_ready(fleet, "ct200")
+    assert time.monotonic() - t0 >= 8
+
+
+def test_fault_disk_full(ct200_clean):
+    fleet = ct200_clean
+    assert fleet.run("ct200", "mkdir -p /var/lib/fleetspec/keep && echo kept > /var/lib/fleetspec/keep/x").returncode == 0
+    set_fault(fleet, "ct200", "disk_full")
+    r = fleet.run("ct200", "head -c 65536 /dev/zero > /var/lib/fleetspec/new")
+    assert r.returncode != 0 and b"No space left on device" in r.stderr
+    assert fleet.run("ct200", "cat /var/lib/fleetspec/keep/x").stdout == b"kept\n"
+    from fleetspec.lab import faults
+
+    faults.clear(fleet.root, "ct200")
+    assert fleet.run("ct200", "head -c 65536 /dev/zero > /var/lib/fleetspec/new && cat /var/lib/fleetspec/keep/x"
+                     " && rm -rf /var/lib/fleetspec/new /var/lib/fleetspec/keep").stdout == b"kept\n"
+
+
+def test_sigterm_drains_and_exits_0(ct200_clean):
+    fleet = ct200_clean
+    # A long request in flight while the service stops: it completes, and the exit status is 0.
+    fleet.run("ct200", "nohup curl -s -o /tmp/inflight -d '{\"text\":\"x\",\"sampling_params\":"
+                       "{\"max_new_tokens\":300,\"temperature\":0}}' http://127.0.0.1:30000/generate "
+                       ">/dev/null 2>&1 &")
+    time.sleep(0.5)
+    assert fleet.run("ct200", f"systemctl stop {SERVICE}").returncode == 0
+    meta = json.loads(fleet.run("ct200", "cat /tmp/inflight").stdout)["meta_info"]
+    assert meta["completion_tokens"] == 300
+    status = fleet.run("ct200", f"systemctl show -p ExecMainStatus,Result --value {SERVICE}").stdout.decode().split()
+    assert status == ["0", "success"]
+
+
+def _leftovers() -> dict:
+    from fleetspec.lab import cgroups, network
+
+    mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
+              if "fleetspec" in line or "fslab" in line]
+    procs = subprocess.run(["pgrep", "-f", "systemd-nspawn.*fleetspec-lab"], capture_output=True, text=True).stdout.split()
+    return {"netns": network.lab_namespaces(), "mounts": mounts, "cgroups": [str(p) for p in cgroups.leftovers()],
+            "bridge": network.bridge_exists(), "processes": procs,
+            "state": sorted(p.name for p in Path("/run/fleetspec-lab/hosts").glob("*"))}
+
+
+def test_lab_down_leaves_nothing_then_comes_back(lab_fleet):
+    """Also after a crash: leftovers that no state file names are found by their fixed names."""
+    from fleetspec.lab import cgroups, lab
+
+    subprocess.run(["ip", "netns", "add", "fslab-ghost"], check=True)  # a crashed `lab up`'s debris
+    ghost = cgroups.host_paths("ghost")[0]
+    ghost.mkdir(parents=True)
+    assert lab.down(lab_fleet.root) == []
+    left = _leftovers()
+    assert left == {"netns": [], "mounts": [], "cgroups": [], "bridge": False, "processes": [], "state": []}
+    # Put the session's fleet back for whatever runs next.
+    result = lab.up(lab_fleet.root, tuple(lab_fleet.addresses))
+    assert result.addresses == lab_fleet.addresses
