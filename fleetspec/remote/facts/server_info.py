@@ -1,0 +1,54 @@
+"""What the running server says about itself (GET /server_info over the SSH tunnel).
+
+`speculative_algorithm` is what sglang resolved (NEXTN shows as EAGLE); `launch_command` keeps the
+flags as written, so callers can show the operator's name for it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetspec.errors import RemoteError
+
+
+@dataclass
+class ServerInfo:
+    speculative_algorithm: str | None
+    launch_command: list[str] | None
+    version: str | None = None
+    avg_spec_accept_length: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def parse(data: dict[str, Any]) -> ServerInfo:
+    if not isinstance(data, dict):
+        raise ValueError("/server_info did not return a JSON object")
+    launch = data.get("launch_command")
+    if isinstance(launch, str):
+        try:
+            launch = shlex.split(launch)
+        except ValueError:
+            launch = launch.split()
+    elif not isinstance(launch, list):
+        launch = None
+    accept = None
+    for state in data.get("internal_states") or []:
+        if isinstance(state, dict) and state.get("avg_spec_accept_length") is not None:
+            accept = float(state["avg_spec_accept_length"])
+            break
+    algo = data.get("speculative_algorithm")
+    return ServerInfo(speculative_algorithm=str(algo) if algo not in (None, "") else None, launch_command=launch,
+                      version=data.get("version"), avg_spec_accept_length=accept, raw=data)
+
+
+def fetch(transport, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    r = transport.http("GET", port, "/server_info", timeout=timeout, headers=headers)
+    if r.status != 200:
+        raise RemoteError(f"{transport.name}: GET /server_info returned {r.status}")
+    try:
+        return parse(r.json())
+    except ValueError as err:
+        raise RemoteError(f"{transport.name}: /server_info: {err}") from None
