@@ -21,6 +21,10 @@ class FleetspecGroup(click.Group):
         except FleetspecError as err:
             click.echo(f"fleetspec: {err}", err=True)
             sys.exit(err.exit_code)
+        finally:
+            obj = ctx.obj
+            if obj is not None and "pool" in getattr(obj, "__dict__", {}):
+                obj.pool.close_all()
 
 
 @click.group(cls=FleetspecGroup, context_settings={"help_option_names": ["-h", "--help"]})

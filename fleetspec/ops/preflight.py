@@ -72,7 +72,9 @@ class Preflight:
 
     # What the later steps need -----------------------------------------------------------------
     def patch_files(self) -> dict[str, bytes]:
-        return self.patchset.file_bytes() if self.patchset else {}
+        if not self.patchset:
+            return {}
+        return {f.path: self.patchset.source(f).read_bytes() for f in self.patchset.files}
 
     def kernel_files(self) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
@@ -86,9 +88,32 @@ class Preflight:
         return overlay_script(self.sglang.site_packages, patch_dir, dest, self.patchset)
 
     def smoke_scripts(self, kernels_dir: str):
+        """(name, python source, parse(stdout, stderr, rc) -> dict) for each smoke test the
+        playbook asks for, in the order they run."""
         from fleetspec.ops import smoke
 
-        return smoke.scripts_for(self, kernels_dir=kernels_dir)
+        def parse(stdout, stderr, rc):
+            result = smoke.parse_result(stdout)
+            data = dict(result.data)
+            if not result.ok and not data.get("error"):
+                data["error"] = (stderr.strip().splitlines() or [f"exit {rc}"])[-1]
+            data["ok"] = result.ok and rc == 0
+            return data
+
+        want = self.playbook.smoke
+        out = []
+        if want.imports:
+            out.append(("imports", smoke.imports_script(list(want.imports)), parse))
+        if want.parse_args:
+            out.append(("parse_args", smoke.parse_args_script(self.new_argv[self.new_argv.index("-m") + 2:]
+                                                              if "-m" in self.new_argv else self.new_argv[1:]), parse))
+        if want.ddtree_sample:
+            out.append(("ddtree_sample", smoke.ddtree_sample_script(), parse))
+        if want.kernels:
+            for kernel in self.kernels:
+                for name in kernel.file_bytes():
+                    out.append((f"kernel:{name}", smoke.kernel_script(f"{kernels_dir}/{name}"), parse))
+        return out
 
     def environment(self, release) -> dict[str, str]:
         env = dict(self.playbook.launch.env)
@@ -127,7 +152,10 @@ def run(t, req, echo=print) -> Preflight:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
                         f"check vars.service in {host.inventory_path}")
     unit_bytes, dropins, dropin_texts = read_unit_files(t, unit)
-    exec_argv = effective_argv(unit_bytes, dropin_texts)
+    try:
+        exec_argv = effective_argv(unit_bytes, dropin_texts)
+    except ValueError as err:
+        raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
     check_interrupted(state, host.name)
     if unit.active_state != "active":
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
@@ -136,7 +164,7 @@ def run(t, req, echo=print) -> Preflight:
     sg, tv, disk, model = facts.gather_many(t, [
         (sglang_fact, {"python": python}),
         (torch_fact, {"python": python}),
-        (disk_fact, {"path": str(state.layout.root.parent)}),
+        (disk_fact, {"path": str(state.layout.root)}),
         (model_fact, {"path": _model_path(host, exec_argv)}),
     ])
     if sg is None or not getattr(sg, "version", None):
@@ -147,7 +175,7 @@ def run(t, req, echo=print) -> Preflight:
     flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
     new_argv = argv_ops.derive_argv(exec_argv, flags)
 
-    patchset = select_patchset(playbook, sg, host.name)
+    patchset = select_patchset(t, playbook, sg, host.name)
     kernels = load_kernels(playbook, tv, host.name)
     if disk is not None and getattr(disk, "free_bytes", None) is not None and disk.free_bytes < MIN_FREE_BYTES:
         raise UserError(f"{host.name}: only {disk.free_bytes // 2**20} MiB free under /var/lib; "
@@ -218,15 +246,27 @@ def _model_path(host, exec_argv: list[str]) -> str:
     return host.vars.model_path or "/nonexistent"
 
 
-def select_patchset(playbook, sg, host: str):
+def select_patchset(t, playbook, sg, host: str):
     if not playbook.patchsets:
         return None
     from fleetspec.model.patchset import check_base, load_patchset, select_patchset as pick
 
     folder = pick(playbook.patchsets, sg.version, host=host)
     patchset = load_patchset(folder)
-    check_base(patchset, sg.version, sg.drift, host=host)
+    try:
+        check_base(patchset, sg.version, installed_hashes(t, sg.site_packages, patchset))
+    except UserError as err:
+        raise UserError(f"{host}: {err}") from None
     return patchset
+
+
+def installed_hashes(t, site_packages: str, patchset) -> dict[str, str]:
+    """sha256 of each of the patch set's paths as installed on the host (absent ones omitted)."""
+    from fleetspec.remote import files
+
+    paths = {f"{site_packages}/{f.path}": f.path for f in patchset.files}
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(paths)), timeout=60).stdout)
+    return {paths[p]: digest for p, digest in got.items() if p in paths}
 
 
 def load_kernels(playbook, torch_facts, host: str) -> list:
