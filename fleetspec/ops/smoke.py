@@ -1,0 +1,154 @@
+"""Offline smoke tests that deploy runs on the host, in the host's python, with the release on its path.
+
+Each builder returns Python source (run as `python -c SRC`, no files needed on the host) that prints
+one JSON object as its last line and exits 0 only when the check passed; `parse_result` reads it.
+The scripts import only what the host has: sglang (from the overlay), torch, the stdlib.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+_EMIT = '''
+def _emit(ok, **data):
+    import json, sys
+    data["ok"] = bool(ok)
+    sys.stdout.write("\\n" + json.dumps(data, default=str) + "\\n")
+    sys.stdout.flush()
+    raise SystemExit(0 if ok else 1)
+'''
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    ok: bool
+    data: dict = field(default_factory=dict)
+
+    @property
+    def error(self) -> str:
+        return str(self.data.get("error", ""))
+
+
+def parse_result(stdout: str) -> SmokeResult:
+    """The JSON object on the last line that starts with '{'; a missing one is a failure."""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(data, dict):
+                return SmokeResult(bool(data.get("ok")), data)
+            break
+    return SmokeResult(False, {"error": "the smoke script printed no JSON result",
+                               "stdout_tail": stdout[-2000:]})
+
+
+def imports_script(modules: list[str]) -> str:
+    """Import each module; report its file (proving the overlay is what got imported)."""
+    return _EMIT + f'''
+import importlib, traceback
+found, failed = {{}}, {{}}
+for name in {list(modules)!r}:
+    try:
+        found[name] = getattr(importlib.import_module(name), "__file__", None)
+    except BaseException as err:
+        failed[name] = traceback.format_exception_only(type(err), err)[-1].strip()
+_emit(not failed, modules=found, failed=failed, error="; ".join(f"{{k}}: {{v}}" for k, v in failed.items()))
+'''
+
+
+def parse_args_script(argv: list[str]) -> str:
+    """Parse `argv` with the host's real sglang parser, as `python -m sglang.launch_server` would.
+
+    Plugins load first (0.5.23's launcher does the same). Where `ServerArgs.resolve_once` exists
+    (0.5.23), `prepare_server_args` parses without touching a device; older versions validate
+    devices in ServerArgs construction, so there the argparse parser alone is run.
+    """
+    return _EMIT + f'''
+import argparse, contextlib, io, traceback
+argv = {list(argv)!r}
+try:
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+except ImportError:
+    pass
+import sglang
+import sglang.srt.server_args as sa
+err = io.StringIO()
+try:
+    with contextlib.redirect_stderr(err):
+        if hasattr(sa.ServerArgs, "resolve_once"):
+            args = sa.prepare_server_args(argv)
+        else:
+            parser = argparse.ArgumentParser(prog="sglang.launch_server")
+            sa.ServerArgs.add_cli_args(parser)
+            args = parser.parse_args(argv)
+except SystemExit as exc:
+    lines = [l for l in err.getvalue().splitlines() if l.strip()]
+    _emit(False, exit_code=exc.code, error=lines[-1] if lines else f"parser exited {{exc.code}}",
+          server_args_file=sa.__file__)
+algo_name = getattr(args, "speculative_algorithm", None)
+resolved = None
+if algo_name:
+    try:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        resolved = getattr(SpeculativeAlgorithm.from_string(algo_name.upper()), "name", None)
+    except Exception as exc:
+        _emit(False, error=f"speculative algorithm {{algo_name!r}}: {{exc}}", server_args_file=sa.__file__)
+_emit(True, sglang_version=getattr(sglang, "__version__", None), server_args_file=sa.__file__,
+      speculative_algorithm=resolved,
+      ddtree={{k: getattr(args, "speculative_ddtree_" + k, None) for k in ("budget", "topk_cap", "shadow_linear")}})
+'''
+
+
+def ddtree_sample_script(budget: int = 16, topk_cap: int | None = 4, seed: int = 0) -> str:
+    """Build a DDTree on fixed sample logits with the shipped ddtree_utils and check its invariants."""
+    return _EMIT + f'''
+import torch
+from sglang.srt.speculative import ddtree_utils as du
+g = torch.Generator().manual_seed({int(seed)})
+draft = torch.randn(2, 6, 257, generator=g)
+tree = du.build_ddtree(draft, {int(budget)}, {topk_cap!r})
+mask = du.visibility_mask(tree)
+# A target that always agrees with the drafter's argmax accepts the whole greedy chain.
+target = torch.full((2, tree.num_nodes, 257), -1e9)
+for b in range(2):
+    for i in range(tree.num_nodes):
+        d = int(tree.depth[b, i])
+        if d < draft.shape[1]:
+            target[b, i, int(draft[b, d].argmax())] = 0.0
+walk = du.verify_greedy(tree, target)
+chain = min(draft.shape[1], {int(budget)})
+checks = {{
+    "sizes": tree.sizes.tolist() == [{int(budget) + 1}] * 2,
+    "mask_diagonal": bool(mask.diagonal(dim1=1, dim2=2).all()),
+    "greedy_chain": walk.accept_length.tolist() == [chain] * 2,
+    "layout": all(t.shape == tree.tokens.shape for t in du.to_sglang_layout(tree)),
+}}
+_emit(all(checks.values()), checks=checks, summary=du.tree_summary(tree), torch=torch.__version__,
+      error=", ".join(k for k, v in checks.items() if not v))
+'''
+
+
+def kernel_script(library: str, op: str = "fleetspec_ddtree::tree_mask") -> str:
+    """Load a built kernel with the host's torch and compare it with ddtree_utils' reference."""
+    namespace, name = op.split("::")
+    return _EMIT + f'''
+import torch
+from sglang.srt.speculative import ddtree_utils as du
+try:
+    torch.ops.load_library({library!r})
+    fn = getattr(getattr(torch.ops, {namespace!r}), {name!r})
+except Exception as exc:
+    _emit(False, error=f"loading {{ {library!r} }}: {{exc}}", torch=torch.__version__)
+g = torch.Generator().manual_seed(0)
+tree = du.build_ddtree(torch.randn(4, 8, 64, generator=g), 32, 4)
+want = du.visibility_mask(tree)
+got = fn(tree.parents)
+equal = bool(got.dtype == torch.bool and got.shape == want.shape and torch.equal(got, want))
+_emit(equal, torch=torch.__version__, op={op!r}, shape=list(got.shape),
+      error="" if equal else "kernel result differs from ddtree_utils.visibility_mask")
+'''
