@@ -1,9 +1,11 @@
-"""What every command shares: the fleet root, the inventory, one SSH connection per host
-(loaded lazily, so `--help` and bad input never touch the network)."""
+"""What every command shares: the fleet root, the inventory, transport options (loaded lazily).
+
+Nothing is read until a command asks for it, so `fleetspec --help` works anywhere and a bad
+inventory only stops the commands that need one.
+"""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,7 +17,6 @@ class Context:
     inventory: str | None = None
     accept_new_host_key: bool = False
     _cache: dict = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @cached_property
     def root_path(self) -> Path:
@@ -24,25 +25,45 @@ class Context:
         return find_root(self.root)
 
     @cached_property
-    def inventory_obj(self):
-        from fleetspec.model.inventory import load_inventory, resolve_inventory_path
+    def inventory_path(self) -> Path:
+        from fleetspec.model.inventory import resolve_inventory_path
 
-        return load_inventory(resolve_inventory_path(self.root_path, self.inventory))
+        return resolve_inventory_path(self.root_path, self.inventory)
 
-    def select(self, targets, all_hosts: bool = False) -> list:
-        """Hosts named by `name`, `@group` or --all; nothing named is bad input."""
+    @cached_property
+    def inv(self):
+        """The loaded inventory (fleetspec.model.inventory.Inventory)."""
+        from fleetspec.model.inventory import load_inventory
+
+        return load_inventory(self.inventory_path)
+
+    def select(self, tokens=(), all_hosts: bool = False, default_all: bool = False) -> list:
+        """Hosts named by HOST / @group / --all; nothing named is an error unless default_all."""
         from fleetspec.errors import UserError
 
-        if not targets and not all_hosts:
-            raise UserError("name hosts (HOST, @group) or use --all")
-        return self.inventory_obj.select(targets, all_hosts=all_hosts)
+        tokens = list(tokens)
+        if not tokens and not all_hosts:
+            if not default_all:
+                raise UserError(f"name hosts (HOST or @group) or pass --all (inventory {self.inventory_path})")
+            all_hosts = True
+        return self.inv.select(tokens, all_hosts=all_hosts)
 
     @cached_property
     def pool(self):
+        """One SSH connection per host for the whole command; closed when the command ends."""
+        import click
+
         from fleetspec.remote.transport import TransportPool
 
-        return TransportPool(accept_new_host_key=self.accept_new_host_key)
+        pool = TransportPool(accept_new_host_key=self.accept_new_host_key)
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.find_root().call_on_close(pool.close_all)
+        return pool
 
     def transport(self, host):
-        with self._lock:
-            return self.pool.get(host)
+        return self.pool.get(host)
+
+    def close(self) -> None:
+        if "pool" in self.__dict__:
+            self.pool.close_all()

@@ -104,10 +104,11 @@ def test_model_config_hybrid():
 
 def test_release_state_parse():
     out = ("exists=yes\ncurrent=/var/lib/fleetspec/sglang-qwen/releases/20261130-0912-ddtree\nbaseline=yes\n"
-           'ledger={"release": "20261130-0912-ddtree", "status": "healthy"}\n')
+           'ledger={"kind":"step","release":"20261130-0912-ddtree","name":"prune","state":"done"}\n'
+           'status={"kind":"status","release":"20261130-0912-ddtree","name":"release","state":"healthy"}\n')
     s = release_state.parse(out)
     assert s.managed and s.baseline and s.current == "20261130-0912-ddtree" and s.release_status == "healthy"
-    empty = release_state.parse("exists=no\ncurrent=\nbaseline=no\nledger=\n")
+    empty = release_state.parse("exists=no\ncurrent=\nbaseline=no\nledger=\nstatus=\n")
     assert not empty.managed and empty.current is None and empty.last_entry is None
 
 

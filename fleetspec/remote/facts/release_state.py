@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger")
+_KEYS = ("exists", "current", "baseline", "ledger", "status")
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,15 @@ class ReleaseState:
     current: str | None           # release id `current` points at (None: no symlink)
     baseline: bool
     last_entry: dict[str, Any] | None
+    last_status: dict[str, Any] | None = None   # the last `"kind": "status"` ledger line
 
     @property
     def release_status(self) -> str | None:
-        entry = self.last_entry or {}
-        return entry.get("status") or entry.get("state")
+        """The current release's latest status (model.ledger: healthy, failed, rolled_back…)."""
+        entry = self.last_status or {}
+        if self.current and entry.get("release") not in (None, self.current):
+            return None
+        return entry.get("state")
 
 
 def command(service: str) -> str:
@@ -33,7 +37,8 @@ def command(service: str) -> str:
     return (f"if [ -d {b} ]; then echo exists=yes; else echo exists=no; fi; "
             f"echo current=$(readlink {cur} 2>/dev/null); "
             f"if [ -d {base} ]; then echo baseline=yes; else echo baseline=no; fi; "
-            f"printf 'ledger='; tail -n 1 {led} 2>/dev/null; echo")
+            f"printf 'ledger='; tail -n 1 {led} 2>/dev/null; echo; "
+            f"printf 'status='; grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | tail -n 1; echo")
 
 
 def parse(stdout: str, service: str = "") -> ReleaseState:
@@ -43,12 +48,17 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
         if sep and key in _KEYS and key not in values:
             values[key] = value.strip()
     current = values.get("current") or None
-    last = None
-    if values.get("ledger"):
-        try:
-            last = json.loads(values["ledger"])
-        except json.JSONDecodeError:
-            last = {"unparsed": values["ledger"][:200]}
     return ReleaseState(managed=values.get("exists") == "yes",
                         current=PurePosixPath(current).name if current else None,
-                        baseline=values.get("baseline") == "yes", last_entry=last)
+                        baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
+                        last_status=_json(values.get("status")))
+
+
+def _json(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {"unparsed": text[:200]}
+    return value if isinstance(value, dict) else {"unparsed": text[:200]}

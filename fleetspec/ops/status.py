@@ -1,0 +1,142 @@
+"""`fleetspec status`: one row per host, gathered in parallel, one SSH round trip of facts each.
+
+A host that cannot be reached is a row saying so (within its connect timeout), never a crash:
+status is what an operator runs when something is already wrong.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from fleetspec.errors import FleetspecError
+from fleetspec.model.inventory import Host
+from fleetspec.ops.argv import speculative_algorithm_from_argv
+from fleetspec.remote import facts
+from fleetspec.remote.facts import release_state, server_info, sglang, systemd
+
+DEFAULT_WORKERS = 16
+
+
+@dataclass
+class HostStatus:
+    host: str
+    address: str
+    service: str
+    reachable: bool = False
+    error: str | None = None
+    state: str | None = None            # ActiveState/SubState, e.g. active/running
+    algo: str | None = None             # as the operator wrote it (NEXTN), else as served
+    served_algo: str | None = None      # what /server_info resolved (EAGLE for NEXTN)
+    sglang: str | None = None
+    release: str | None = None
+    release_status: str | None = None
+    drift: str | None = None            # pristine | N files differ | managed by fleetspec …
+    drift_files: list[str] = field(default_factory=list)
+    health: str | None = None           # ok | HTTP <code> | down
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _short_error(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return text.splitlines()[0][:300]
+
+
+def host_status(transport, host: Host) -> HostStatus:
+    """Everything status shows for one host; errors become fields, never exceptions."""
+    start = time.monotonic()
+    row = HostStatus(host=host.name, address=f"{host.address}:{host.port}", service=host.vars.service)
+    try:
+        _fill(row, transport, host)
+    except FleetspecError as err:
+        row.error = _short_error(err)
+    except Exception as err:  # noqa: BLE001 - one broken host must not hide the others
+        row.error = f"{type(err).__name__}: {_short_error(err)}"
+    row.seconds = round(time.monotonic() - start, 3)
+    return row
+
+
+def _fill(row: HostStatus, t, host: Host) -> None:
+    got = facts.gather_many(t, {
+        "unit": (systemd, {"service": host.vars.service}),
+        "sglang": (sglang, {"python": host.vars.python}),
+        "state": (release_state, {"service": host.vars.service}),
+    }, timeout=min(host.command_timeout, 120), errors="return")
+    row.reachable = True
+    unit, sg, state = got["unit"], got["sglang"], got["state"]
+
+    declared = None
+    if isinstance(unit, FleetspecError):
+        row.state = "unknown"
+        row.notes.append(_short_error(unit))
+    elif not unit.available:
+        row.state = "no systemd"
+    else:
+        row.state = unit.active_state if unit.load_state == "loaded" else unit.load_state
+        if unit.load_state == "loaded" and unit.sub_state and unit.sub_state != unit.active_state:
+            row.state = f"{unit.active_state}/{unit.sub_state}"
+        if unit.argv:
+            declared = speculative_algorithm_from_argv(unit.argv)
+
+    if isinstance(sg, FleetspecError):
+        row.sglang, row.drift = "?", "unknown"
+        row.notes.append(_short_error(sg))
+    elif not sg.installed:
+        row.sglang, row.drift = "not installed", "-"
+    else:
+        row.sglang = sg.version
+        row.drift_files = [*sg.drift, *sg.missing]
+
+    if isinstance(state, FleetspecError):
+        row.notes.append(_short_error(state))
+        state = None
+    if state is not None and state.current:
+        row.release, row.release_status = state.current, state.release_status
+    if row.drift is None:
+        n = len(row.drift_files)
+        if state is not None and state.current:
+            row.drift = "managed by fleetspec" + (f", {n} files differ" if n else "")
+        else:
+            row.drift = f"{n} files differ" if n else "pristine"
+
+    _probe_http(row, t, host, declared)
+
+
+def _probe_http(row: HostStatus, t, host: Host, declared: str | None) -> None:
+    port = host.vars.api_port
+    try:
+        r = t.http("GET", port, "/health", timeout=5)
+        row.health = "ok" if r.status == 200 else f"HTTP {r.status}"
+    except FleetspecError as err:
+        row.health = "down"
+        if "refused" not in str(err):
+            row.notes.append(_short_error(err))
+    launch_algo = None
+    if row.health != "down":
+        api_key = host.vars.api_key.value() if host.vars.api_key else None
+        try:
+            info = server_info.fetch(t, port, api_key=api_key, timeout=5)
+            row.served_algo = info.speculative_algorithm
+            if info.launch_command:
+                launch_algo = speculative_algorithm_from_argv(info.launch_command)
+        except FleetspecError as err:
+            row.notes.append(_short_error(err))
+    # What the server was launched with wins (it is what runs); then the unit's ExecStart.
+    row.algo = launch_algo or declared or row.served_algo
+    if row.algo is None and (row.served_algo is not None or row.state not in (None, "unknown", "no systemd")):
+        row.algo = "none"
+
+
+def fleet_status(pool, hosts: Iterable[Host], workers: int = DEFAULT_WORKERS) -> list[HostStatus]:
+    """Rows in inventory order; hosts are queried concurrently (at most `workers` at a time)."""
+    hosts = list(hosts)
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts))), thread_name_prefix="status") as ex:
+        return list(ex.map(lambda h: host_status(pool.get(h), h), hosts))

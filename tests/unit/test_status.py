@@ -1,0 +1,99 @@
+"""`fleetspec status` against a fleet of real sshds on loopback, one of them stopped."""
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from fleetspec.cli import main
+from fleetspec.model.inventory import load_inventory
+from fleetspec.ops.status import fleet_status
+from fleetspec.remote.transport import TransportPool
+from tests.conftest import free_port
+
+LAUNCH = ("/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B "
+          "--speculative-algo NEXTN --speculative-num-steps 3")
+
+
+class _Sglang(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        if self.path == "/health":
+            body = b""
+        elif self.path == "/server_info":
+            body = json.dumps({"speculative_algorithm": "EAGLE", "launch_command": LAUNCH, "version": "0.5.23"}).encode()
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def fake_sglang():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sglang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def fleet(sshd_factory, tmp_path_factory, ssh_client_key, inventory_writer, fake_sglang):
+    a, b, c = sshd_factory(), sshd_factory(), sshd_factory()
+    root = tmp_path_factory.mktemp("root")
+    for sub in ("inventory", "playbooks", "templates"):
+        (root / sub).mkdir()
+    inv = inventory_writer(root / "inventory" / "lab.yaml", {"a": a, "b": b, "c": c}, ssh_client_key,
+                           connect_timeout=2, host_vars={"a": f"{{api_port: {fake_sglang}}}",
+                                                         "b": f"{{api_port: {free_port()}}}"})
+    c.stop()
+    yield root, inv
+    c.start()
+
+
+def test_fleet_status_rows(fleet):
+    root, inv_path = fleet
+    hosts = load_inventory(inv_path).select([], all_hosts=True)
+    start = time.monotonic()
+    with TransportPool() as pool:
+        rows = fleet_status(pool, hosts)
+    elapsed = time.monotonic() - start
+    a, b, c = rows
+    assert [r.host for r in rows] == ["a", "b", "c"]
+    assert a.reachable and b.reachable and not c.reachable
+    assert "cannot reach 127.0.0.1" in c.error and c.seconds < 3.5
+    assert elapsed < 8  # in parallel: the dead host costs its connect timeout, not a sum
+    assert a.health == "ok" and a.algo == "NEXTN" and a.served_algo == "EAGLE"
+    assert b.health == "down" and b.algo is None
+    # No systemd and no sglang on this machine: reported, not raised.
+    assert a.state == "unknown" and a.sglang == "not installed" and a.release is None
+
+
+def test_status_cli_json(fleet):
+    root, inv_path = fleet
+    start = time.monotonic()
+    result = CliRunner().invoke(main, ["--root", str(root), "status", "--all", "--json"])
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - start < 8
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert [(d["host"], d["reachable"]) for d in lines] == [("a", True), ("b", True), ("c", False)]
+    assert lines[0]["algo"] == "NEXTN" and lines[2]["error"]
+
+
+def test_status_cli_table_and_selection(fleet):
+    root, inv_path = fleet
+    result = CliRunner().invoke(main, ["--root", str(root), "-i", "lab", "status", "a", "c"])
+    assert result.exit_code == 0, result.output
+    assert "NEXTN" in result.output and "unreachable" in result.output and " b " not in result.output
+    result = CliRunner().invoke(main, ["--root", str(root), "status", "nope"])
+    assert result.exit_code == 2 and "unknown host 'nope'" in result.output
