@@ -37,7 +37,12 @@ class FleetspecGroup(click.Group):
 @click.pass_context
 def main(ctx, root, inventory, accept_new_host_key):
     """Deploy speculative-decoding changes to SGLang hosts, prove them, and roll them back."""
+    import logging
+
     from fleetspec.cli.context import Context
+
+    # paramiko logs every refused direct-tcpip channel while a model loads; probes report those.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
     ctx.obj = Context(root=root, inventory=inventory, accept_new_host_key=accept_new_host_key)
 

@@ -170,7 +170,8 @@ def model_configs(p: Profile) -> dict[str, dict]:
 def inventory_vars(p: Profile) -> dict:
     return {"python": p.python, "service": SERVICE, "api_port": API_PORT, "model_path": p.model_path,
             "draft_model_path": p.draft_model_path, "gpu_count": p.gpu_count, "tags": list(p.tags),
-            "sglang_version": p.version, "lab_profile": p.like}
+            # The stand-in loads in ~10-20 s here; a hung start is found in two minutes, not fifteen.
+            "extra": {"sglang_version": p.version, "lab_profile": p.like, "ready_timeout": 120}}
 
 
 def files(p: Profile) -> dict[str, bytes]:

@@ -58,7 +58,7 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
         state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
         switch_started = time.monotonic()
         result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
-                                     progress=progress)
+                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None))
         progress(None)
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))
@@ -70,7 +70,7 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
             verify_baseline(t, state, baseline, host.name)
         for rid in interrupted:
             state.record(L.Entry.status(rid, L.ROLLED_BACK, to=target, reason="finished by rollback"))
-        if left and left not in interrupted and statuses.get(left) == L.HEALTHY:
+        if left and left != record_under and left not in interrupted and statuses.get(left) == L.HEALTHY:
             state.record(L.Entry.step(left, "rollback", "ok", to=target))
         state.record(L.Entry.step(record_under, "rollback", "ok", to=target, waited_s=round(result.waited_s, 2)))
     return RollbackOutcome(host.name, "rolled_back", target, left, interrupted,

@@ -95,7 +95,15 @@ resolved = None
 if algo_name:
     try:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        resolved = getattr(SpeculativeAlgorithm.from_string(algo_name.upper()), "name", None)
+        name = algo_name.upper()
+        # ServerArgs maps NEXTN to EAGLE during validation (0.5.13.post1's from_string refuses it).
+        name = "EAGLE" if name == "NEXTN" and not hasattr(SpeculativeAlgorithm, "NEXTN") else name
+        try:
+            resolved = getattr(SpeculativeAlgorithm.from_string(name), "name", None)
+        except Exception:
+            if name != "EAGLE" or algo_name.upper() != "NEXTN":
+                raise
+            resolved = "EAGLE"
     except Exception as exc:
         _emit(False, error=f"speculative algorithm {{algo_name!r}}: {{exc}}", server_args_file=sa.__file__)
 _emit(True, sglang_version=getattr(sglang, "__version__", None), server_args_file=sa.__file__,

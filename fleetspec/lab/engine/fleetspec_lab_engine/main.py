@@ -18,14 +18,16 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout, force=True)
-    faults = settings.faults()
     config = settings.engine()
-    log.info("fleetspec lab engine stand-in (no GPU); faults: %s", sorted(faults) or "none")
+    log.info("fleetspec lab engine stand-in (no GPU)")
 
     args.load_plugins()
     parsed = args.parse(argv)            # unknown flag: SystemExit(2) from the real parser
     logging.getLogger().setLevel(logging.INFO)
-    log.info("sglang %s; speculative algorithm resolved: %s", parsed.version, parsed.algorithm)
+    settings.ALGORITHM = parsed.algorithm
+    faults = settings.faults()
+    log.info("sglang %s; speculative algorithm resolved: %s; faults: %s", parsed.version, parsed.algorithm,
+             sorted(faults) or "none")
     parsed.imported = args.import_algorithm_modules(parsed.algorithm)
     log.info("imported: %s", ", ".join(parsed.imported) or "(none)")
 

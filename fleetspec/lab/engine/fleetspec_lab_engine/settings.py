@@ -35,6 +35,16 @@ def engine() -> dict:
     return {**ENGINE_DEFAULTS, **_read("engine.json")}
 
 
+# The resolved algorithm of this engine, set by main once argv is parsed: a fault written with
+# only_algorithm=NAME bites only an engine serving NAME (so a deploy's new release breaks while
+# the previous good state it reverts to stays healthy, as with a real bad patch).
+ALGORITHM: str | None = None
+
+
 def faults() -> dict:
-    """{kind: value}; value is True for flag kinds."""
-    return _read("faults.json")
+    """{kind: value}; value is True for flag kinds. {} when scoped to another algorithm."""
+    data = _read("faults.json")
+    only = data.get("only_algorithm")
+    if only and str(only).upper() != str(ALGORITHM or "NONE").upper():
+        return {}
+    return data
