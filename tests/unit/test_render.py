@@ -9,7 +9,7 @@ from fleetspec.render import environment, environment_line, exec_line, render_st
 
 # Any text but NUL and surrogates (which cannot be written as UTF-8).
 words = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
-tricky = st.text(alphabet=list(" \t\n\r\"'\\;%$a{}@-x\x01\x7fé"), max_size=12)
+tricky = st.text(alphabet=list(" \t\n\r\"'\\;%$a{}@-x\x01\x7f\x85\u2028\x0b\x0cé"), max_size=12)
 
 
 def _roundtrip(argv):

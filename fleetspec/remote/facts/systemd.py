@@ -69,7 +69,7 @@ def command(service: str) -> str:
 
 
 def parse_exec(value: str) -> ExecInfo:
-    m = _EXEC.match(value.strip())
+    m = _EXEC.match(value.strip(" \n"))
     if not m:
         raise ValueError(f"not an Exec* value: {value[:80]!r}")
     argv = tuple(m["argv"].split(" ")) if m["argv"] else ()
@@ -133,7 +133,7 @@ def parse(stdout: str, service: str = "") -> SystemdUnit:
     if stdout.strip() == NO_SYSTEMCTL:
         return SystemdUnit(unit=service, available=False)
     raw: dict[str, list[str]] = {}
-    for line in stdout.splitlines():
+    for line in stdout.split("\n"):  # not splitlines(): argv words may hold \x85, \u2028 …
         if not line.strip():
             continue
         key, sep, value = line.partition("=")

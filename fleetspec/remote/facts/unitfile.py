@@ -204,17 +204,19 @@ def parse_unit(text: str) -> UnitFile:
     """Sections and key=value assignments; `#`/`;` comment lines; a trailing `\\` continues."""
     unit = UnitFile()
     section = None
-    lines = text.splitlines()
+    # systemd's read_line() ends lines at \n, \r, \r\n or NUL only (str.splitlines would also
+    # split at \x85, \u2028, \v …), and strstrip() trims WHITESPACE only.
+    lines = re.split(r"\r\n|\r|\n|\x00", text)
     i = 0
     while i < len(lines):
-        line = lines[i].strip()
+        line = lines[i].strip(WHITESPACE)
         i += 1
         if not line or line[0] in "#;":
             continue
         while _odd_trailing_backslash(line):
             line = line[:-1] + " "
             while i < len(lines):
-                nxt = lines[i].strip()
+                nxt = lines[i].strip(WHITESPACE)
                 i += 1
                 if nxt and nxt[0] in "#;":
                     continue
@@ -229,7 +231,7 @@ def parse_unit(text: str) -> UnitFile:
         if section is None or "=" not in line:
             raise UnitSyntaxError(f"not an assignment: {line[:60]!r}")
         key, _, value = line.partition("=")
-        unit.sections[section].append((key.strip(), value.strip()))
+        unit.sections[section].append((key.strip(WHITESPACE), value.strip(WHITESPACE)))
     return unit
 
 
