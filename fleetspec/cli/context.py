@@ -37,6 +37,11 @@ class Context:
 
         return load_inventory(self.inventory_path)
 
+    @property
+    def inventory_obj(self):
+        """Alias of `inv` (an earlier name other commands may use)."""
+        return self.inv
+
     def select(self, tokens=(), all_hosts: bool = False, default_all: bool = False) -> list:
         """Hosts named by HOST / @group / --all; nothing named is an error unless default_all."""
         from fleetspec.errors import UserError
