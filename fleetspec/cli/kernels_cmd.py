@@ -1,0 +1,68 @@
+"""kernels build, list: compile the playbooks' torch extensions and show what is cached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from fleetspec.cli.output import echo_table
+from fleetspec.errors import UserError
+from fleetspec.model import kernel as K
+
+
+def _sources(ctx, given: tuple[Path, ...]) -> list[Path]:
+    if given:
+        return list(given)
+    root = ctx.obj.root_path if ctx.obj is not None else Path.cwd()
+    found = sorted(p.parent for p in (Path(root) / "playbooks").glob("*/kernels/*/kernel.json"))
+    if not found:
+        raise UserError(f"no kernel folders (playbooks/*/kernels/*/kernel.json) under {root}")
+    return found
+
+
+@click.group("kernels")
+def kernels_group():
+    """Compiled kernels: torch C++/CUDA extensions with their ABI tags."""
+
+
+@kernels_group.command("build")
+@click.argument("sources", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also copy the built library and its kernel.json here.")
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=K.KERNEL_CACHE,
+              show_default=True, help="Build cache, keyed by source hash and torch version.")
+@click.option("--verbose", is_flag=True, help="Show the compiler's output.")
+@click.pass_context
+def build(ctx, sources, out, cache, verbose):
+    """Build each kernel folder (default: every one in the playbooks) with this machine's torch."""
+    folders = _sources(ctx, sources)
+    if out is not None and len(folders) > 1:
+        raise UserError("--out takes one kernel folder at a time")
+    for folder in folders:
+        kernel, built = K.build_kernel(folder, cache, out, verbose)
+        abi = kernel.abi
+        click.echo(f"{kernel.name}: {'built' if built else 'cached'} {kernel.path} "
+                   f"(torch {abi.torch}, {abi.python_tag}, cuda {abi.cuda}, cxx11_abi {abi.cxx11_abi}, "
+                   f"{abi.platform}, sha256 {kernel.sha256[:12]})")
+
+
+@kernels_group.command("list")
+@click.argument("sources", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=K.KERNEL_CACHE,
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def list_(ctx, sources, cache, as_json):
+    """Cached builds of each kernel folder's current sources."""
+    builds = [k for folder in _sources(ctx, sources) for k in K.built_kernels(folder, cache)]
+    if as_json:
+        click.echo(json.dumps([{**k.to_json(), "path": str(k.path)} for k in builds], indent=2))
+        return
+    echo_table(["kernel", "torch", "python", "cuda", "cxx11", "platform", "sha256", "path"],
+               [[k.name, k.abi.torch, k.abi.python_tag, k.abi.cuda, str(k.abi.cxx11_abi), k.abi.platform,
+                 k.sha256[:12], str(k.path)] for k in builds])
+
+
+COMMANDS = [kernels_group]

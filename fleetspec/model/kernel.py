@@ -1,0 +1,292 @@
+"""Compiled kernels and their ABI tags: what a `.so` was built against, and whether a host matches.
+
+A kernel folder in a playbook holds `kernel.json` (name, op library, sources). A build writes the
+same `kernel.json` plus a `build` section (python tag, torch, CUDA or "cpu", C++11 ABI flag, arch
+list, platform, the library's file name and sha256) next to the `.so`, under
+/var/cache/fleetspec/kernels/<name>-<source hash>-<torch tag>/. A `.so` only loads into the torch it
+was built against, so preflight refuses any host whose facts differ, naming both values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from fleetspec.errors import ConfigError, UserError
+
+KERNEL_JSON = "kernel.json"
+KERNEL_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "kernels"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    root: Path
+    name: str
+    library: str
+    ops: tuple[str, ...]
+    sources: tuple[str, ...]
+    cuda_sources: tuple[str, ...] = ()
+
+    @property
+    def op_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.library}::{op}" for op in self.ops)
+
+    def source_sha256(self) -> str:
+        """One hash over kernel.json's source fields and every source file, in a fixed order."""
+        h = hashlib.sha256()
+        h.update(json.dumps([self.name, self.library, list(self.ops)]).encode())
+        for rel in sorted(self.sources + self.cuda_sources):
+            h.update(rel.encode() + b"\0" + (self.root / rel).read_bytes() + b"\0")
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Abi:
+    python_tag: str
+    torch: str
+    cuda: str  # "cpu" or the CUDA version torch was built with
+    cxx11_abi: bool
+    platform: str
+    arch_list: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Kernel:
+    spec: KernelSpec
+    abi: Abi
+    library_file: str
+    sha256: str
+    source_sha256: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def path(self) -> Path:
+        return self.spec.root / self.library_file
+
+    def file_bytes(self) -> dict[str, bytes]:
+        """The built library by file name, checked against its recorded sha256."""
+        data = self.path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise ConfigError(self.spec.root / KERNEL_JSON, "build.sha256",
+                              f"the sha256 of {self.library_file} (it changed since the build)")
+        return {self.library_file: data}
+
+    def to_json(self) -> dict:
+        return {**_spec_json(self.spec), "build": {
+            "python_tag": self.abi.python_tag, "torch": self.abi.torch, "cuda": self.abi.cuda,
+            "cxx11_abi": self.abi.cxx11_abi, "platform": self.abi.platform,
+            "arch_list": list(self.abi.arch_list), "library_file": self.library_file,
+            "sha256": self.sha256, "source_sha256": self.source_sha256}}
+
+
+def _spec_json(spec: KernelSpec) -> dict:
+    return {"name": spec.name, "library": spec.library, "ops": list(spec.ops),
+            "sources": list(spec.sources), "cuda_sources": list(spec.cuda_sources)}
+
+
+def _read(folder: Path) -> tuple[Path, dict]:
+    path = Path(folder) / KERNEL_JSON
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(path, None, "a kernel description (file not found)") from None
+    except ValueError as err:
+        raise ConfigError(path, None, f"valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, None, "a JSON object")
+    return path, data
+
+
+def _names(path: Path, data: dict, key: str, required: bool) -> tuple[str, ...]:
+    value = data.get(key, [] if not required else None)
+    if not isinstance(value, list) or (required and not value) or not all(
+            isinstance(v, str) and v and "/" not in v and not v.startswith(".") for v in value):
+        raise ConfigError(path, key, "a list of plain file or op names" + (" (at least one)" if required else ""))
+    return tuple(value)
+
+
+def load_spec(folder: Path | str) -> KernelSpec:
+    path, data = _read(Path(folder))
+    for key in ("name", "library"):
+        if not isinstance(data.get(key), str) or not data[key].isidentifier():
+            raise ConfigError(path, key, "an identifier")
+    spec = KernelSpec(Path(folder), data["name"], data["library"], _names(path, data, "ops", True),
+                      _names(path, data, "sources", True), _names(path, data, "cuda_sources", False))
+    return spec
+
+
+def load_kernel(folder: Path | str) -> Kernel:
+    """A built kernel: kernel.json with its `build` section, next to the library it names."""
+    spec = load_spec(folder)
+    path, data = _read(Path(folder))
+    build = data.get("build")
+    if not isinstance(build, dict):
+        raise ConfigError(path, "build", f"a build record (run: fleetspec kernels build {folder})")
+    try:
+        abi = Abi(str(build["python_tag"]), str(build["torch"]), str(build["cuda"]), bool(build["cxx11_abi"]),
+                  str(build["platform"]), tuple(str(a) for a in build.get("arch_list", [])))
+        kernel = Kernel(spec, abi, str(build["library_file"]), str(build["sha256"]), str(build["source_sha256"]))
+    except KeyError as err:
+        raise ConfigError(path, f"build.{err.args[0]}", "present") from None
+    if "/" in kernel.library_file or not kernel.path.is_file():
+        raise ConfigError(path, "build.library_file", f"a library file next to {KERNEL_JSON}")
+    return kernel
+
+
+def _fact(facts: Any, *names: str, default=None):
+    for name in names:
+        value = facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def host_abi(facts: Any) -> dict:
+    """Normalise host facts (the torch fact's TorchInfo, or a dict) to the fields a kernel records."""
+    return {
+        "python_tag": _fact(facts, "python_tag"),
+        "torch": _fact(facts, "torch", "version"),
+        "cuda": _fact(facts, "cuda", default="cpu") or "cpu",
+        "cxx11_abi": _fact(facts, "cxx11_abi"),
+        "platform": _fact(facts, "platform"),
+        "gpu_arch": tuple(_fact(facts, "gpu_arch", "device_capability", default=()) or ()),
+    }
+
+
+def check_abi(kernel: Kernel, host_facts: Any, host: str | None = None) -> None:
+    """Refuse a kernel whose ABI tags differ from the host's, naming both values. A fact the host
+    did not report (None) is not held against it, except torch: no torch, no kernel."""
+    have = host_abi(host_facts)
+    who = f"host {host}" if host else "the host"
+    fix = f"rebuild with `fleetspec kernels build` where torch {have['torch']} is installed"
+    if not have["torch"]:
+        raise UserError(f"kernel {kernel.name} needs torch {kernel.abi.torch}; {who} has no torch")
+    checks = [("python", kernel.abi.python_tag, have["python_tag"]),
+              ("torch", kernel.abi.torch, have["torch"]),
+              ("CUDA", kernel.abi.cuda, have["cuda"]),
+              ("C++11 ABI", kernel.abi.cxx11_abi, have["cxx11_abi"]),
+              ("platform", kernel.abi.platform, have["platform"])]
+    for label, built, found in checks:
+        if found is not None and built != found:
+            raise UserError(f"kernel {kernel.name} was built for {label} {built}; {who} has {label} {found}: {fix}")
+    if kernel.abi.cuda != "cpu" and have["gpu_arch"]:
+        built_for = {a.removesuffix("+PTX") for a in kernel.abi.arch_list}
+        missing = [a for a in have["gpu_arch"] if str(a) not in built_for]
+        if missing:
+            raise UserError(f"kernel {kernel.name} was built for GPU arch {', '.join(kernel.abi.arch_list)}; "
+                            f"{who} has {', '.join(map(str, missing))}: {fix}")
+
+
+def cache_key(spec: KernelSpec, abi: Abi) -> str:
+    return f"{spec.name}-{spec.source_sha256()[:16]}-{abi.python_tag}-torch{abi.torch}"
+
+
+def built_kernels(source: Path | str, cache: Path = KERNEL_CACHE) -> list[Kernel]:
+    """Every cached build of this source folder's current sources (any torch), newest first."""
+    spec = load_spec(source)
+    prefix = f"{spec.name}-{spec.source_sha256()[:16]}-"
+    found = []
+    for folder in sorted(Path(cache).glob(prefix + "*")) if Path(cache).is_dir() else []:
+        try:
+            found.append(load_kernel(folder))
+        except (ConfigError, OSError):
+            continue
+    return sorted(found, key=lambda k: k.path.stat().st_mtime, reverse=True)
+
+
+def find_built_kernel(source: Path | str, host_facts: Any, cache: Path = KERNEL_CACHE) -> Kernel:
+    """The cached build of `source` for the host's torch, else the newest one (check_abi then
+    explains the mismatch). A folder that is itself a build is taken as it is."""
+    try:
+        return load_kernel(source)
+    except ConfigError:
+        pass
+    builds = built_kernels(source, cache)
+    if not builds:
+        raise UserError(f"kernel {load_spec(source).name} ({source}) has no build for its current sources "
+                        f"in {cache}; run: fleetspec kernels build")
+    torch = host_abi(host_facts)["torch"]
+    return next((k for k in builds if k.abi.torch == torch), builds[0])
+
+
+# --- building (here, with this machine's torch) ---------------------------------------------
+
+
+def local_abi(cuda_build: bool) -> Abi:
+    """The ABI tags of a build with this process's torch."""
+    import sys
+    import sysconfig
+
+    import torch
+
+    arch: tuple[str, ...] = ()
+    if cuda_build:
+        listed = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        if listed:
+            arch = tuple(a for a in listed.replace(";", " ").split() if a)
+        else:
+            major, minor = torch.cuda.get_device_capability()
+            arch = (f"{major}.{minor}",)
+    return Abi(python_tag="cp%d%d" % sys.version_info[:2], torch=torch.__version__,
+               cuda=torch.version.cuda if cuda_build else "cpu",
+               cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+               platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch)
+
+
+def _can_build_cuda(spec: KernelSpec) -> bool:
+    import torch
+    from torch.utils import cpp_extension
+
+    return bool(spec.cuda_sources and torch.version.cuda and torch.cuda.is_available()
+                and cpp_extension.CUDA_HOME)
+
+
+def build_kernel(source: Path | str, cache: Path = KERNEL_CACHE, out: Path | None = None,
+                 verbose: bool = False) -> tuple[Kernel, bool]:
+    """Compile `source` with torch.utils.cpp_extension (CUDA too where torch and a toolchain allow),
+    cache it by source hash + torch, and record kernel.json. Returns (kernel, built_now)."""
+    from torch.utils import cpp_extension
+
+    spec = load_spec(source)
+    cuda = _can_build_cuda(spec)
+    abi = local_abi(cuda)
+    folder = Path(cache) / cache_key(spec, abi)
+    built_now = False
+    try:
+        kernel = load_kernel(folder)
+        kernel.file_bytes()
+    except (ConfigError, OSError):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        sources = [str(spec.root / s) for s in spec.sources + (spec.cuda_sources if cuda else ())]
+        with tempfile.TemporaryDirectory(dir=folder.parent) as work:
+            cpp_extension.load(name=f"{spec.library}_{spec.name}", sources=sources, build_directory=work,
+                               extra_cflags=["-O3"], is_python_module=False, verbose=verbose)
+            library = next(Path(work).glob("*.so"))
+            staging = Path(work) / "out"
+            staging.mkdir()
+            library_file = f"{spec.name}.so"
+            shutil.copyfile(library, staging / library_file)
+            for rel in spec.sources + spec.cuda_sources:
+                shutil.copyfile(spec.root / rel, staging / rel)
+            digest = hashlib.sha256((staging / library_file).read_bytes()).hexdigest()
+            record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
+                            abi, library_file, digest, spec.source_sha256())
+            (staging / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
+            shutil.rmtree(folder, ignore_errors=True)
+            staging.rename(folder)
+        kernel, built_now = load_kernel(folder), True
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for name in (kernel.library_file, KERNEL_JSON, *spec.sources, *spec.cuda_sources):
+            shutil.copyfile(folder / name, Path(out) / name)
+        kernel = load_kernel(out)
+    return kernel, built_now
