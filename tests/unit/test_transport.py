@@ -205,3 +205,14 @@ def test_jump_host(tmp_path, inventory_writer, sshd_factory, sshd, ssh_client_ke
         assert t.run(["echo", "via jump"], timeout=20).stdout == "via jump\n"
     finally:
         t.close()
+
+
+def test_non_root_commands_go_through_sudo_n(tmp_path, inventory_writer, sshd, ssh_client_key):
+    import dataclasses
+    host = dataclasses.replace(host_for(tmp_path, inventory_writer, sshd, ssh_client_key), user="ops")
+    t = Transport(host)
+    seen = []
+    t._exec = lambda full, shown, *a: seen.append(full)
+    t.run(["systemctl", "show", "a b.service"])
+    t.run_script("echo 'x' && true")
+    assert seen == ["sudo -n systemctl show 'a b.service'", "sudo -n sh -c 'echo '\"'\"'x'\"'\"' && true'"]
