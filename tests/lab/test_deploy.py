@@ -1,0 +1,209 @@
+"""Deploy and rollback end to end on the lab's ct129 (real systemd 252, sshd, sglang 0.5.13.post1).
+
+Every test starts from ct129 on its baseline (NEXTN, healthy, no faults) and checks, byte for byte,
+that whatever happened the host ends on a recorded state: unit file bytes, `systemctl show -p
+ExecStart`, the drop-in folder, sglang's files against pip's RECORD, and the ledger's story.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+HOST = "ct129"
+SERVICE = "sglang-qwen.service"
+UNIT = f"/etc/systemd/system/{SERVICE}"
+STATE = "/var/lib/fleetspec/sglang-qwen"
+CT129_EXECSTART_ARGV = (
+    "/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B --port 30000 "
+    "--host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 --context-length 131072 --max-running-requests 16 "
+    "--mamba-full-memory-ratio 0.5 --mamba-scheduler-strategy extra_buffer --reasoning-parser qwen3 "
+    "--tool-call-parser qwen3_coder --speculative-algo NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    "--speculative-num-draft-tokens 4"
+)
+
+
+def fs(fleet, *args, timeout=900, env=None, check_rc=None):
+    """Run the real CLI as an operator would; returns CompletedProcess (text)."""
+    cmd = [sys.executable, "-m", "fleetspec", "--root", str(fleet.root), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check_rc is not None:
+        assert r.returncode == check_rc, f"{' '.join(args)} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def sh(fleet, script, timeout=60) -> str:
+    r = fleet.run(HOST, script, timeout=timeout)
+    assert r.returncode == 0, (script, r.stdout, r.stderr)
+    return r.stdout.decode()
+
+
+def snapshot(fleet) -> dict:
+    """What must be byte-identical to the baseline after any failure or rollback."""
+    out = sh(fleet, f"sha256sum {UNIT}; echo ---; systemctl show -p ExecStart --value {SERVICE}; echo ---; "
+                    f"ls -A /etc/systemd/system/{SERVICE}.d 2>/dev/null; echo ---; readlink {STATE}/current || true")
+    unit, execstart, dropins, current = out.split("---\n")
+    return {"unit": unit.split()[0], "execstart_argv": execstart.split("argv[]=")[1].split(" ;")[0].strip(),
+            "dropins": dropins.split(), "current": current.strip()}
+
+
+def status(fleet) -> dict:
+    r = fs(fleet, "status", HOST, "--json", check_rc=0)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def ledger(fleet) -> list[dict]:
+    return [json.loads(line) for line in sh(fleet, f"cat {STATE}/ledger.jsonl").splitlines() if line.strip()]
+
+
+def release_story(fleet, release: str) -> list[str]:
+    return [e["state"] for e in ledger(fleet) if e["release"] == release and e["kind"] == "status"]
+
+
+def wait_healthy(fleet, deadline=180) -> dict:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        s = status(fleet)
+        if s["health"] == "ok":
+            return s
+        time.sleep(2)
+    raise AssertionError(f"{HOST} not healthy after {deadline}s: {s}")
+
+
+@pytest.fixture
+def ct129(lab_fleet):
+    """ct129 on its baseline, healthy, no faults, no lock; the baseline snapshot."""
+    fs(lab_fleet, "lab", "fault", HOST, "--clear", check_rc=0)
+    if sh(lab_fleet, f"readlink {STATE}/current || true").strip():
+        fs(lab_fleet, "rollback", HOST, check_rc=0)
+    s = wait_healthy(lab_fleet)
+    assert s["algo"] == "NEXTN" and s["served_algo"] == "EAGLE", s
+    snap = snapshot(lab_fleet)
+    assert snap["execstart_argv"] == CT129_EXECSTART_ARGV
+    assert snap["dropins"] == [] and snap["current"] == ""
+    yield snap
+    fs(lab_fleet, "lab", "fault", HOST, "--clear")
+
+
+def assert_on_baseline(fleet, snap):
+    assert snapshot(fleet) == snap
+    s = wait_healthy(fleet)
+    assert s["algo"] == "NEXTN" and s["served_algo"] == "EAGLE" and s["drift"] == "pristine", s
+
+
+def last_release(fleet) -> str:
+    return [e for e in ledger(fleet) if e["kind"] == "status"][-1]["release"]
+
+
+def test_plan_changes_nothing(lab_fleet, ct129):
+    tree = f"find /etc/systemd/system /var/lib/fleetspec -type f -print0 2>/dev/null | sort -z | xargs -0 sha256sum"
+    before = sh(lab_fleet, tree)
+    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--plan", check_rc=0)
+    assert "--speculative-ddtree-shadow-linear" in r.stdout      # hybrid target: shadow-linear, said so
+    assert "verify=auto -> shadow-linear" in r.stdout
+    assert "sglang/srt/speculative/ddtree_utils.py" in r.stdout
+    assert sh(lab_fleet, tree) == before
+
+
+def test_full_tree_verification_refused_on_hybrid_before_touching_host(lab_fleet, ct129):
+    lines = len(ledger(lab_fleet)) if sh(lab_fleet, f"ls {STATE}/ledger.jsonl 2>/dev/null || true").strip() else 0
+    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--set", "verify=tree", "--yes")
+    assert r.returncode == 2, r.stderr
+    assert "hybrid" in r.stderr and "Traceback" not in r.stderr
+    assert snapshot(lab_fleet) == ct129
+    now = len(ledger(lab_fleet)) if sh(lab_fleet, f"ls {STATE}/ledger.jsonl 2>/dev/null || true").strip() else 0
+    assert now == lines
+
+
+def test_deploy_ddtree_then_rollback_is_byte_exact(lab_fleet, ct129):
+    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", check_rc=0)
+    assert "healthy" in r.stdout
+    s = status(lab_fleet)
+    assert s["served_algo"] == "DDTREE" and s["algo"] == "DDTREE" and s["release_status"] == "healthy", s
+    release = s["release"]
+    assert release_story(lab_fleet, release)[-1] == "healthy"
+    assert snapshot(lab_fleet)["dropins"] == ["50-fleetspec.conf"]
+    assert s["drift"] in ("pristine", "managed by fleetspec")   # the live venv was never edited
+    fs(lab_fleet, "rollback", HOST, check_rc=0)
+    assert_on_baseline(lab_fleet, ct129)
+    h = fs(lab_fleet, "history", HOST, check_rc=0)
+    assert release in h.stdout and "rollback" in h.stdout
+
+
+FAULTS = [
+    pytest.param(["crash_at_start"], "probes", id="crash_at_start"),
+    pytest.param(["hang_at_start"], "probes", id="hang_at_start"),
+    pytest.param(["health_503_after=0"], "probes", id="health_503"),
+    pytest.param(["wrong_algorithm=EAGLE"], "probes", id="wrong_algorithm"),
+    pytest.param(["garbage_output"], "gates", id="garbage_output"),
+]
+
+
+@pytest.mark.parametrize("fault,failed_step", FAULTS)
+def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_step):
+    fs(lab_fleet, "lab", "fault", HOST, *fault, "only_algorithm=DDTREE", check_rc=0)
+    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--json")
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "rolled_back" and out["failed_step"] == failed_step, out
+    assert_on_baseline(lab_fleet, ct129)
+    story = release_story(lab_fleet, out["release"])
+    assert story[-3:] == ["switched", "failed", "rolled_back"], story
+    steps = [e["name"] for e in ledger(lab_fleet) if e["release"] == out["release"] and e["kind"] == "step"]
+    assert steps[-1] == "revert"
+
+
+def _start_paused_deploy(fleet, step):
+    proc = subprocess.Popen([sys.executable, "-m", "fleetspec", "--root", str(fleet.root), "deploy", HOST,
+                             "--algo", "ddtree", "--yes"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "FLEETSPEC_PAUSE_AT": step})
+    seen = []
+    deadline = time.monotonic() + 600
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(f"FLEETSPEC-PAUSED {step}"):
+            return proc
+        assert time.monotonic() < deadline
+    raise AssertionError("deploy never reached " + step + ":\n" + "".join(seen))
+
+
+def test_sigkill_after_switch_is_flagged_and_rollback_restores(lab_fleet, ct129):
+    proc = _start_paused_deploy(lab_fleet, "restart")      # switch done, restart not yet
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    s = status(lab_fleet)
+    assert any("interrupted" in n for n in s["notes"]), s
+    again = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes")
+    assert again.returncode == 3 and f"fleetspec rollback {HOST}" in again.stderr, again.stderr
+    fs(lab_fleet, "rollback", HOST, check_rc=0)
+    assert_on_baseline(lab_fleet, ct129)
+    assert "rolled_back" in [e["state"] for e in ledger(lab_fleet) if e["kind"] == "status"][-1:]
+
+
+def test_second_deploy_refused_naming_holder_and_stale_lock_recovers(lab_fleet, ct129):
+    proc = _start_paused_deploy(lab_fleet, "stage")        # holds the lock, stopped
+    try:
+        r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes")
+        assert r.returncode == 2 and f"pid {proc.pid}" in r.stderr, r.stderr
+        u = fs(lab_fleet, "unlock", HOST, "--force")
+        assert u.returncode == 2 and "still running" in u.stderr, u.stderr
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    fs(lab_fleet, "unlock", HOST, "--force", check_rc=0)      # the dead holder is ended
+    assert snapshot(lab_fleet) == ct129                        # died before switch: nothing changed
+
+
+def test_rollback_sh_by_hand_restores_nextn(lab_fleet, ct129):
+    fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", check_rc=0)
+    out = sh(lab_fleet, f"sh {STATE}/current/rollback.sh", timeout=120)
+    assert "back on baseline" in out
+    assert_on_baseline(lab_fleet, ct129)
