@@ -1,0 +1,59 @@
+"""The engine stand-in's pure parts: the import redirect and the synthetic models."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from fleetspec.lab import engine
+from fleetspec.lab.engine.fleetspec_lab_engine import model
+
+
+def _site(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    for rel, data in engine.files().items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+    return site
+
+
+def test_redirect_wins_over_an_overlay_sglang(tmp_path):
+    """With an overlay copy of sglang first on PYTHONPATH, sglang comes from the overlay but
+    sglang.launch_server is the stand-in."""
+    site = _site(tmp_path)
+    overlay = tmp_path / "overlay" / "sglang"
+    overlay.mkdir(parents=True)
+    (overlay / "__init__.py").write_text("WHERE = 'overlay'\n")
+    (overlay / "launch_server.py").write_text("raise SystemExit('the real launcher ran')\n")
+    code = textwrap.dedent(f"""
+        import site, importlib.util
+        site.addsitedir({str(site)!r})
+        import sglang
+        print(sglang.WHERE, importlib.util.find_spec("sglang.launch_server").origin)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "overlay")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    where, origin = out.split()
+    assert where == "overlay" and origin.endswith("fleetspec_lab_engine/launch_server.py")
+    env["FLEETSPEC_LAB_ENGINE"] = "off"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[1].endswith("overlay/sglang/launch_server.py")
+
+
+def test_target_is_deterministic_and_independent_of_steps():
+    t = model.Target(model.tokenize("The capital of France is"))
+    whole = t.continuation(t.state, 12)
+    t2 = model.Target(model.tokenize("The capital of France is"))
+    parts = []
+    for n in (1, 4, 3, 4):
+        chunk = t2.continuation(t2.state, n)
+        t2.advance(chunk)
+        parts += chunk
+    assert parts == whole
+
+
+def test_chain_acceptance_orders_drafters():
+    def mean_accept(algo, depth):
+        return sum(model.chain_accept(model.draft_ranks(s, depth, algo, 0)) for s in range(2000)) / 2000
+    assert mean_accept("DFLASH", 15) > mean_accept("EAGLE", 3) > 0.5

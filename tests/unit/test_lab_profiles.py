@@ -1,0 +1,56 @@
+"""The mixed fleet: which host clones which, its address, its unit, its inventory entry."""
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from fleetspec.errors import UserError
+from fleetspec.lab import inventory, profiles
+
+
+@pytest.mark.parametrize("name,like", [("ct129", "ct129"), ("ct150", "ct129"), ("ct200", "ct200"),
+                                       ("ct207", "ct200"), ("bench1", "ct200")])
+def test_clone_rule(name, like):
+    assert profiles.for_host(name).like == like
+
+
+def test_bad_name():
+    with pytest.raises(UserError):
+        profiles.for_host("CT 129")
+
+
+def test_addresses():
+    assert profiles.address("ct129", set()) == "10.200.0.129"
+    assert profiles.address("bench", {"10.200.0.10"}) == "10.200.0.11"
+    assert profiles.address("ct1", set()) == "10.200.0.10"  # .1 is the bridge's range rule: N >= 2
+
+
+def test_ct129_unit_execstart_is_the_operators():
+    unit = profiles.unit_text(profiles.PROFILES["ct129"])
+    line = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
+    assert shlex.split(line[len("ExecStart="):]) == profiles.CT129_ARGV
+    assert "--speculative-algo NEXTN" in line and "--mamba-scheduler-strategy extra_buffer" in line
+
+
+def test_ct129_model_is_hybrid_and_ct200_is_not():
+    hybrid = profiles.model_configs(profiles.PROFILES["ct129"])["/root/models/Qwen3.6-27B"]
+    assert {"linear_attention", "full_attention"} <= set(hybrid["layer_types"])
+    pure = profiles.model_configs(profiles.PROFILES["ct200"])["/root/models/Qwen3-8B"]
+    assert "layer_types" not in pure
+    for p in profiles.PROFILES.values():
+        for dest, data in profiles.files(p).items():
+            if dest.endswith("config.json"):
+                json.loads(data)
+
+
+def test_inventory_shape():
+    data = yaml.safe_load(inventory.render({"ct129": "10.200.0.129", "ct200": "10.200.0.200"}))
+    assert data["defaults"]["ssh_key"] == "../.lab/ssh/id_ed25519"
+    assert data["defaults"]["host_key_policy"] == "strict"
+    h = data["hosts"]["ct129"]
+    assert h["address"] == "10.200.0.129"
+    assert h["vars"]["python"] == "/root/ml-env/bin/python3" and h["vars"]["tags"] == ["hybrid"]
+    assert data["hosts"]["ct200"]["vars"]["python"] == "/opt/sglang/venv/bin/python3"
+    assert data["groups"]["hybrid"] == ["ct129"] and data["groups"]["gpu"] == ["ct129", "ct200"]
