@@ -67,8 +67,6 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     from fleetspec.model.playbook import load_playbook_for
     from fleetspec.ops import fleet
 
-    if mode == "in-place":
-        raise UserError("--mode in-place is not supported yet; use the default release mode")
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
     options = _typed(playbook, _parse_sets(sets))
@@ -78,6 +76,7 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
         click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
     progress = Progress(enabled=not as_json)
     outcomes = fleet.deploy_fleet(obj, hosts, playbook, options=options, strategy=strategy, plan_only=plan_only,
+                                  mode=mode,
                                   run_gates=not no_gates, echo=progress.echo, progress=progress.line,
                                   pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
     progress.line(None)

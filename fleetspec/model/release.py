@@ -31,6 +31,8 @@ class Release:
     kernels: dict[str, str] = field(default_factory=dict)    # file name -> sha256
     options: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    site_packages: str | None = None                        # where in-place mode writes
+    base_files: dict[str, str | None] = field(default_factory=dict)  # path -> base sha256 (None: added)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

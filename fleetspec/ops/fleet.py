@@ -55,11 +55,12 @@ class Strategy:
         return out
 
 
-def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, progress, pause_at=None) -> DeployOutcome:
+def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, progress, pause_at=None,
+               mode="release") -> DeployOutcome:
     """One host, start to end; every error becomes an outcome so the fleet goes on."""
     try:
         t = obj.transport(host)
-        req = DeployRequest(host=host, playbook=playbook, root=obj.root_path, plan_only=plan_only,
+        req = DeployRequest(host=host, playbook=playbook, root=obj.root_path, plan_only=plan_only, mode=mode,
                             options=options, run_gates=run_gates, pause_at=pause_at)
         return Deploy(t, req, echo=echo, progress=progress).run()
     except FleetspecError as err:
@@ -72,7 +73,7 @@ def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, prog
 
 
 def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only=False, run_gates=True,
-                 echo=print, progress=lambda _: None, pause_at=None) -> list[DeployOutcome]:
+                 echo=print, progress=lambda _: None, pause_at=None, mode="release") -> list[DeployOutcome]:
     outcomes: dict[str, DeployOutcome] = {}
     stop = threading.Event()
     failures = 0
@@ -82,7 +83,8 @@ def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only
         width = min(len(batch), strategy.parallel or len(batch))
         pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="deploy")
         futures = {h.name: pool.submit(deploy_one, obj, h, playbook, options=options, plan_only=plan_only,
-                                       run_gates=run_gates, echo=echo, progress=progress, pause_at=pause_at)
+                                       run_gates=run_gates, echo=echo, progress=progress, pause_at=pause_at,
+                                       mode=mode)
                    for h in batch}
         try:
             for name, fut in futures.items():

@@ -117,7 +117,7 @@ class Preflight:
 
     def environment(self, release) -> dict[str, str]:
         env = dict(self.playbook.launch.env)
-        if release.files:
+        if release.files and release.mode == "release":
             env["PYTHONPATH"] = f"{self.layout.current}/overlay"
         if release.kernels:
             env["FLEETSPEC_KERNELS"] = f"{self.layout.current}/kernels"

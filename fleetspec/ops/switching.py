@@ -4,6 +4,11 @@ restart, and switch back. Each function is one step's work; ops/deploy.py says w
 Release mode: the live venv is never edited. A release folder holds the overlay (a symlink farm
 of the installed sglang with the patch set's files laid over it), the kernels, the rendered
 drop-in and rollback.sh. Switching is one drop-in rename plus one symlink flip, both atomic.
+
+In-place mode (what operators do by hand): switching also backs up every file it replaces into
+releases/<id>/backup/ and checks the copy's hash, then replaces the live files one by one
+(temp-then-rename, hash-checked); reverting puts the backups back the same way and removes the
+files the patch set added. Either way the ledger says `switched` before the first write.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
     for name, data in sorted(kernel_files.items()):
         lines.append(f"cp {q(store + '/' + _sha(data))} {q(tmp + '/kernels/' + name)}")
     t.run_script(" && ".join(lines), timeout=120)
-    if patch_files:
+    if patch_files:   # in-place mode too: the smoke tests run against the overlay before the switch
         t.run_script(pf.overlay_script(f"{tmp}/patch", f"{tmp}/overlay"), timeout=300)
         _verify_hashes(t, {f"{tmp}/overlay/{p}": _sha(b) for p, b in patch_files.items()})
         _py_compile(t, pf, [f"{tmp}/overlay/{p}" for p in patch_files if p.endswith(".py")])
@@ -70,7 +75,8 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
         sglang_version=pf.sglang.version, argv=pf.new_argv, previous=previous or BASELINE,
         patchset=pf.patchset_name, files={p: _sha(b) for p, b in patch_files.items()},
         kernels={n: _sha(b) for n, b in kernel_files.items()}, options=dict(pf.options.values),
-        notes=list(pf.notes),
+        notes=list(pf.notes), site_packages=pf.sglang.site_packages,
+        base_files={f.path: f.base_sha256 for f in pf.patchset.files} if pf.patchset else {},
     )
     t.put_bytes(release.to_json().encode(), f"{tmp}/manifest.json", mode=0o644)
     t.run_script(f"rm -rf {q(final)} && mv -T {q(tmp)} {q(final)}", timeout=60)
@@ -133,7 +139,12 @@ def rollback_script(pf, state: HostState, release: Release, previous_dropin: byt
         state_dir=str(state.layout.base), dropin_path=dropin_path(pf.service),
         previous_dropin=f"{prev_dir}/unit/50-fleetspec.conf" if prev_dir else "",
         previous_dropin_sha256=_sha(previous_dropin) if (prev_dir and previous_dropin) else "",
-        previous_current=prev_dir, restore_files=[],
+        previous_current=prev_dir,
+        restore_files=[{"backup": f"{state.layout.release(release.id)}/backup/{p}", "path": f"{release.site_packages}/{p}",
+                        "sha256": base} for p, base in sorted(release.base_files.items())
+                       if base and release.mode == "in-place"],
+        remove_files=[f"{release.site_packages}/{p}" for p, base in sorted(release.base_files.items())
+                      if not base and release.mode == "in-place"],
         unit_sha256=pf.baseline.unit_sha256, unit_path=pf.baseline.unit_path,
     )
 
@@ -172,9 +183,12 @@ def lint_unit(t, pf, dropin: str) -> str:
 
 # Switch, restart, revert ------------------------------------------------------------------------
 def activate(t, state: HostState, release: Release) -> None:
-    """Point the service at `release`: drop-in renamed into place, `current` flipped, reload."""
+    """Point the service at `release`: files (in-place mode), drop-in renamed into place,
+    `current` flipped, reload."""
     rdir = str(state.layout.release(release.id))
     d = state.dropin
+    if release.mode == "in-place":
+        t.run_script(in_place_apply(release, rdir), timeout=300)
     t.run_script(" && ".join([
         f"mkdir -p {q(str(PurePosixPath(d).parent))}",
         files.copy_atomic(f"{rdir}/unit/50-fleetspec.conf", d),
@@ -183,8 +197,55 @@ def activate(t, state: HostState, release: Release) -> None:
     ]), timeout=120)
 
 
+def leave(t, state: HostState) -> None:
+    """Undo what the current release changed outside its own folder (in-place files)."""
+    current = state.current()
+    if current and state.release_exists(current):
+        release = state.read_release(current)
+        if release.mode == "in-place":
+            t.run_script(in_place_undo(release, str(state.layout.release(current))), timeout=300)
+
+
+def in_place_apply(release: Release, rdir: str) -> str:
+    """Back up each file the patch set replaces (hash-checked), then replace the live files."""
+    site = release.site_packages
+    lines = ["set -e"]
+    for path, sha in sorted(release.files.items()):
+        live, backup = f"{site}/{path}", f"{rdir}/backup/{path}"
+        base = release.base_files.get(path)
+        if base:
+            lines.append(f"mkdir -p {q(str(PurePosixPath(backup).parent))}")
+            lines.append(f"[ -e {q(backup)} ] || {files.copy_atomic(live, backup, base)}")
+        lines.append(f"mkdir -p {q(str(PurePosixPath(live).parent))}")
+        lines.append(files.copy_atomic(f"{rdir}/patch/{path}", live, sha))
+        lines.append(_drop_pyc(live))
+    return "\n".join(lines)
+
+
+def in_place_undo(release: Release, rdir: str) -> str:
+    """Put the backups back (hash-checked against the base) and remove added files."""
+    site = release.site_packages
+    lines = ["set -e"]
+    for path in sorted(release.files):
+        live, base = f"{site}/{path}", release.base_files.get(path)
+        if base:
+            lines.append(files.copy_atomic(f"{rdir}/backup/{path}", live, base))
+        else:
+            lines.append(files.remove(live))
+        lines.append(_drop_pyc(live))
+    return "\n".join(lines)
+
+
+def _drop_pyc(live: str) -> str:
+    p = PurePosixPath(live)
+    if p.suffix != ".py":
+        return "true"
+    return f"rm -f {q(str(p.parent / '__pycache__' / p.stem))}.*.pyc"
+
+
 def deactivate(t, state: HostState, baseline) -> None:
     """Back to the baseline: no fleetspec drop-in, no `current`, recorded unit and drop-ins byte-exact."""
+    leave(t, state)
     t.run_script(" && ".join([files.remove(state.dropin), files.remove(str(state.layout.current))]), timeout=60)
     restore_baseline_files(t, baseline)
     t.run_script("systemctl daemon-reload", timeout=120)
@@ -223,6 +284,7 @@ def revert_to(t, state: HostState, host, root: Path, baseline, previous: str | N
         expected = baseline.served_algorithm
     else:
         release = state.read_release(previous)
+        leave(t, state)
         activate(t, state, release)
         expected = expected_algorithm(root, release.algo)
     before = restart(t, state.service)
