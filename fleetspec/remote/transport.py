@@ -170,6 +170,8 @@ class Transport:
         else:
             try:
                 sock = socket.create_connection((h.address, h.port), timeout=remaining)
+            except socket.gaierror as err:  # a name that does not resolve will not start to
+                raise RemoteError(f"{self.name}: cannot resolve {h.address}: {err.strerror or err}") from None
             except (ConnectionError, socket.timeout, TimeoutError, OSError) as err:
                 raise _Retryable(str(err) or type(err).__name__) from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -180,6 +182,8 @@ class Transport:
         if self._jump is None or not self._jump.is_active():
             try:
                 sock = socket.create_connection((j.address, j.port), timeout=timeout)
+            except socket.gaierror as err:
+                raise RemoteError(f"{self.name}: cannot resolve jump host {j.address}: {err.strerror or err}") from None
             except OSError as err:
                 raise _Retryable(f"jump {j}: {err}") from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
