@@ -46,6 +46,9 @@ class HostVars:
     api_key: SecretRef | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
+    def __hash__(self) -> int:  # `extra` is a mapping; hash the rest so hosts can key dicts
+        return hash((self.python, self.service, self.api_port, self.model_path, self.tags))
+
     def template_view(self) -> dict[str, Any]:
         """What templates and playbook expressions see as `host.*` (secrets stay references)."""
         view = dict(self.extra)
@@ -86,6 +89,9 @@ class Host:
     vars: HostVars = field(default_factory=HostVars)
     groups: tuple[str, ...] = ()
     inventory_path: Path | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.address, self.port, self.user))
 
     @property
     def known_hosts_name(self) -> str:
