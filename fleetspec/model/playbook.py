@@ -93,6 +93,15 @@ class Gates:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """Opt-in crash-loop guard: when the service hits its start limit after fleetspec has left,
+    systemd runs the release's rollback.sh (OnFailure=) and the host returns to its last good state."""
+
+    burst: int = 3
+    interval_s: int = 300
+
+
+@dataclass(frozen=True)
 class Playbook:
     path: Path
     algo: str
@@ -106,6 +115,8 @@ class Playbook:
     smoke: Smoke = field(default_factory=Smoke)
     probes: Probes = field(default_factory=Probes)
     gates: Gates = field(default_factory=Gates)
+    guard: Guard | None = None
+    keep_releases: int = 3
 
     @property
     def playbooks_dir(self) -> Path:
@@ -146,10 +157,12 @@ def load_playbook(path: str | Path) -> Playbook:
     smoke = _smoke(top.sub("smoke"))
     probes = _probes(top.sub("probes"))
     gates = _gates(top.sub("gates"))
+    guard = _guard(top)
+    keep = _positive(top, "keep_releases", int, 3)
     top.done()
     return Playbook(path=path, algo=algo, speculative_algorithm=spec_alg, description=description,
                     options=options, hybrid=hybrid, launch=launch, patchsets=patchsets,
-                    kernels=kernels, smoke=smoke, probes=probes, gates=gates)
+                    kernels=kernels, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep)
 
 
 def _options(f: Fields) -> Mapping[str, Scalar]:
@@ -264,6 +277,16 @@ def _probes(f: Fields) -> Probes:
                interval=_positive(f, "interval", float, Probes.interval), generate=gen)
     f.done()
     return p
+
+
+def _guard(top: Fields) -> Guard | None:
+    if top.data.get("guard") is None:
+        top.get("guard", dict, None)
+        return None
+    f = top.sub("guard")
+    guard = Guard(burst=_positive(f, "burst", int, Guard.burst), interval_s=_positive(f, "interval_s", int, Guard.interval_s))
+    f.done()
+    return guard
 
 
 def _positive(f: Fields, name: str, kind, default):

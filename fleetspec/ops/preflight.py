@@ -55,7 +55,7 @@ class Preflight:
     notes: list[str] = field(default_factory=list)
     baseline: Baseline | None = None
     keep_releases: int = 3
-    guard: dict | None = None
+    guard: object | None = None                   # model.playbook.Guard
     before: object | None = None                  # gates.Measurement of the service before the switch
 
     @property
@@ -186,8 +186,8 @@ def run(t, req, echo=print) -> Preflight:
     return Preflight(host=host, root=req.root, playbook=playbook, service=service, python=python, unit=unit,
                      unit_bytes=unit_bytes, dropins=dropins, exec_argv=exec_argv, sglang=sg, torch=tv,
                      hybrid=hybrid, options=options, new_argv=new_argv, patchset=patchset, kernels=kernels,
-                     notes=notes, guard=getattr(playbook, "guard", None),
-                     keep_releases=int(host.vars.extra.get("keep_releases", 3)))
+                     notes=notes, guard=playbook.guard,
+                     keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)))
 
 
 # Pieces -------------------------------------------------------------------------------------------

@@ -98,6 +98,10 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         state = None
     if state is not None and state.current:
         row.release, row.release_status = state.current, state.release_status
+    if state is not None and state.interrupted:
+        row.notes.append(f"{state.interrupted} {host.name}" if state.interrupted.endswith("rollback") else state.interrupted)
+    if state is not None and state.locked:
+        row.notes.append("a deploy or rollback holds the lock now")
     if row.drift is None:
         n = len(row.drift_files)
         if state is not None and state.current:

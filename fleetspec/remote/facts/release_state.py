@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger", "status")
+_KEYS = ("exists", "current", "baseline", "ledger", "status", "lock")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,23 @@ class ReleaseState:
     baseline: bool
     last_entry: dict[str, Any] | None
     last_status: dict[str, Any] | None = None   # the last `"kind": "status"` ledger line
+    locked: bool = False                        # a deploy/rollback holds the lock right now
+
+    @property
+    def interrupted(self) -> str | None:
+        """A one-line note when the last deploy died mid-way (lock free, story unfinished)."""
+        from fleetspec.model import ledger as L
+
+        if self.locked:
+            return None
+        last, status = self.last_entry or {}, self.last_status or {}
+        if status and status.get("state") not in L.TERMINAL:
+            where = f"after step {last.get('name')}" if last.get("release") == status.get("release") else ""
+            return (f"deploy {status.get('release')} was interrupted {where} while {status.get('state')}".replace("  ", " ")
+                    + "; finish it with: fleetspec rollback")
+        if last.get("kind") == "step" and last.get("state") == "started" and last.get("name") != "rollback":
+            return f"deploy {last.get('release')} died at step {last.get('name')} before switching (host unchanged)"
+        return None
 
     @property
     def release_status(self) -> str | None:
@@ -33,12 +50,13 @@ class ReleaseState:
 
 def command(service: str) -> str:
     lay = HostLayout(service)
-    b, cur, base, led = (shlex.quote(str(p)) for p in (lay.base, lay.current, lay.baseline, lay.ledger))
+    b, cur, base, led, lk = (shlex.quote(str(p)) for p in (lay.base, lay.current, lay.baseline, lay.ledger, lay.lock))
     return (f"if [ -d {b} ]; then echo exists=yes; else echo exists=no; fi; "
             f"echo current=$(readlink {cur} 2>/dev/null); "
             f"if [ -d {base} ]; then echo baseline=yes; else echo baseline=no; fi; "
             f"printf 'ledger='; tail -n 1 {led} 2>/dev/null; echo; "
-            f"printf 'status='; grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | tail -n 1; echo")
+            f"printf 'status='; grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | tail -n 1; echo; "
+            f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; else echo lock=free; fi")
 
 
 def parse(stdout: str, service: str = "") -> ReleaseState:
@@ -51,7 +69,7 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
     return ReleaseState(managed=values.get("exists") == "yes",
                         current=PurePosixPath(current).name if current else None,
                         baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
-                        last_status=_json(values.get("status")))
+                        last_status=_json(values.get("status")), locked=values.get("lock") == "held")
 
 
 def _json(text: str | None) -> dict[str, Any] | None:
