@@ -18,8 +18,20 @@ def main() -> int:
     for version in envs.SGLANG_VERSIONS:
         envs.local_env(version)
     image.ensure(envs.SGLANG_VERSIONS, log=lambda line: print(f"lab image: {line}", flush=True))
+    build_kernels()
     print(f"prepare: caches ready under {envs.CACHE} in {time.monotonic() - started:.0f}s", flush=True)
     return 0
+
+
+def build_kernels() -> None:
+    """The DDTree kernels for this machine's torch (what deploy pushes to hosts with the same ABI)."""
+    from pathlib import Path
+
+    from fleetspec.model.kernel import build_kernel
+
+    for source in sorted((Path(__file__).resolve().parents[2] / "playbooks").glob("*/kernels/*/kernel.json")):
+        kernel, built = build_kernel(source.parent)
+        print(f"kernel {kernel.name}: {'built' if built else 'cached'} for torch {kernel.abi.torch}", flush=True)
 
 
 if __name__ == "__main__":
