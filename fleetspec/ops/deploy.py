@@ -58,6 +58,7 @@ class DeployOutcome:
     seconds: float = 0.0
     engine_wait_s: float = 0.0
     exit_code: int = 0
+    step_seconds: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -74,6 +75,7 @@ class Deploy:
         self.release_id = new_release_id(req.playbook.algo)
         self.started = time.monotonic()
         self.engine_wait = 0.0
+        self.step_seconds: dict[str, float] = {}
         self.switched = False
         self.pf: preflight_mod.Preflight | None = None
         self.release: Release | None = None
@@ -111,6 +113,7 @@ class Deploy:
             self._pause(name)
         self.state.record(L.Entry.step(self.release_id, name, "started"))
         self.echo(f"[{self.host.name}] {name}")
+        began = time.monotonic()
         try:
             detail = fn() or {}
         except StepFailed as failure:
@@ -120,7 +123,9 @@ class Deploy:
         except FleetspecError as err:
             self.state.record(L.Entry.step(self.release_id, name, "failed", reason=str(err)))
             raise StepFailed(name, str(err)) from err
-        self.state.record(L.Entry.step(self.release_id, name, "ok", **detail))
+        finally:
+            self.step_seconds[name] = round(time.monotonic() - began, 3)
+        self.state.record(L.Entry.step(self.release_id, name, "ok", seconds=self.step_seconds[name], **detail))
 
     def _pause(self, name: str) -> None:
         """Test hook (FLEETSPEC_PAUSE_AT): announce the step and wait to be killed or continued."""
@@ -253,5 +258,6 @@ class Deploy:
                             round(time.monotonic() - self.started, 2), round(self.engine_wait, 2), exit_code)
         if command:
             out.evidence["command"] = command
+        out.step_seconds = dict(self.step_seconds)
         return out
 

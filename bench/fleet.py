@@ -1,0 +1,125 @@
+"""How long fleet-wide operations take on the lab, per fleet size (issue 8). No assertions: figures.
+
+For N in the sizes asked (default 1 2 4 8), with N lab hosts cloned from ct200 (sglang 0.5.23):
+  - `status --all` wall time (median of --runs),
+  - `deploy --all --algo ddtree` wall time, and fleetspec's own time (wall minus the longest
+    host's time waiting for engines to load and for on-host smoke tests, which are the engine's),
+  - rollback: time to recovery and fleetspec's overhead beyond the engine's restart and load,
+  - bytes sent per host for a first deploy and for a repeated deploy of the same patch set,
+  - peak memory (RSS) of the fleetspec process on the deploy,
+each with its ratio against N = 1. Every fleetspec call is the real CLI in a child process.
+
+    python3 bench/fleet.py [--sizes 1 2 4 8] [--runs 3] [--out bench/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fs(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float, int]:
+    """Run the CLI; (result, wall seconds, peak RSS in KiB of that child, from wait4)."""
+    cmd = [sys.executable, "-m", "fleetspec", "--root", str(ROOT), *args]
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - t0
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), wall, usage.ru_maxrss
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def sent_bytes(host: str, release: str) -> int:
+    r, _, _ = fs("history", host, "--json")
+    for e in json_lines(r.stdout):
+        if e["release"] == release and e["name"] == "stage" and e["state"] == "ok":
+            return int(e["detail"].get("sent_bytes", 0))
+    return -1
+
+
+def measure(n: int, runs: int) -> dict:
+    hosts = ["ct200"] + [f"ct{201 + i}" for i in range(n - 1)]
+    subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts", ",".join(hosts)],
+                   check=True, timeout=3600)
+    targets = ["--all"]
+    status_walls = []
+    for _ in range(runs):
+        r, wall, _ = fs("status", *targets, "--json")
+        status_walls.append(wall)
+    deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
+    for i in range(runs):
+        r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+        outs = json_lines(r.stdout)
+        if r.returncode != 0 or len(outs) != n:
+            raise SystemExit(f"deploy failed at N={n}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
+        engine = max(o["engine_wait_s"] + o["step_seconds"].get("smoke", 0) for o in outs)
+        deploy_walls.append(wall)
+        own.append(wall - engine)
+        rss.append(peak)
+        (first_bytes if i == 0 else repeat_bytes).append(statistics.fmean(sent_bytes(o["host"], o["release"]) for o in outs))
+        r, wall, _ = fs("rollback", *hosts, "--json")
+        for o in json_lines(r.stdout):
+            recover.append(o["seconds"])
+            overhead.append(o["seconds"] - o["engine_wait_s"])
+    return {"n": n, "status_s": statistics.median(status_walls), "deploy_s": statistics.median(deploy_walls),
+            "deploy_own_s": statistics.median(own), "rollback_recovery_s": statistics.median(recover),
+            "rollback_overhead_s": statistics.median(overhead), "first_deploy_bytes": statistics.median(first_bytes),
+            "repeat_deploy_bytes": statistics.median(repeat_bytes) if repeat_bytes else None,
+            "peak_rss_mib": round(max(rss) / 1024, 1)}
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]
+    cols = [("N", "n", "{}"), ("status --all s", "status_s", "{:.2f}"), ("x N=1", "status_s", "ratio"),
+            ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"), ("own x N=1", "deploy_own_s", "ratio"),
+            ("rollback s", "rollback_recovery_s", "{:.1f}"), ("rollback overhead s", "rollback_overhead_s", "{:.2f}"),
+            ("bytes first", "first_deploy_bytes", "{:.0f}"), ("bytes repeat", "repeat_deploy_bytes", "{}"),
+            ("peak RSS MiB", "peak_rss_mib", "{}")]
+    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for _, key, fmt in cols:
+            if fmt == "ratio":
+                cells.append(f"{r[key] / base[key]:.2f}" if base[key] else "-")
+            else:
+                cells.append(fmt.format(r[key]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/fleet.py brings up the lab: run it as root")
+    rows = []
+    for n in args.sizes:
+        rows.append(measure(n, args.runs))
+        print(json.dumps(rows[-1]), flush=True)
+    text = table(rows)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
