@@ -41,27 +41,27 @@ class HostState:
     def record(self, entry: ledger_model.Entry) -> None:
         line = entry.to_line()
         self.t.run_script(f"mkdir -p {q(str(self.layout.base))} && chmod 0755 {q(str(self.layout.base))} && "
-                          + files.append_line(str(self.layout.ledger), line), timeout=30)
+                          + files.append_line(str(self.layout.ledger), line), timeout=30, check=True)
         if self.mirror:
             self.mirror.mkdir(parents=True, exist_ok=True)
             with open(self.mirror / "ledger.jsonl", "a") as fh:
                 fh.write(line + "\n")
 
     def ledger(self) -> ledger_model.ParsedLedger:
-        text = self.t.run_script(files.read_optional(str(self.layout.ledger), ""), timeout=30).stdout
+        text = self.t.run_script(files.read_optional(str(self.layout.ledger), ""), timeout=30, check=True).stdout
         return ledger_model.parse(text)
 
     # baseline ---------------------------------------------------------------------------
     def read_baseline(self) -> Baseline | None:
         text = self.t.run_script(files.read_optional(str(self.layout.baseline / "baseline.json"), ABSENT),
-                                 timeout=30).stdout
+                                 timeout=30, check=True).stdout
         return None if text == ABSENT else Baseline.from_json(text)
 
     def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> None:
         """Build baseline.tmp/, then rename it into place: a baseline is whole or absent."""
         base = str(self.layout.baseline)
         tmp = base + files.TMP_SUFFIX
-        self.t.run_script(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)}/dropins", timeout=30)
+        self.t.run_script(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)}/dropins", timeout=30, check=True)
         self.t.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o644)
         self.t.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=0o644)
         for i, (path, data) in enumerate(sorted(baseline.dropins.items())):
@@ -69,9 +69,9 @@ class HostState:
         if replace:
             old = base + ".old"
             self.t.run_script(f"rm -rf {q(old)}; if [ -d {q(base)} ]; then mv -T {q(base)} {q(old)}; fi && "
-                              f"mv -T {q(tmp)} {q(base)} && rm -rf {q(old)}", timeout=30)
+                              f"mv -T {q(tmp)} {q(base)} && rm -rf {q(old)}", timeout=30, check=True)
         else:
-            self.t.run_script(f"[ ! -e {q(base)} ] && mv -T {q(tmp)} {q(base)}", timeout=30)
+            self.t.run_script(f"[ ! -e {q(base)} ] && mv -T {q(tmp)} {q(base)}", timeout=30, check=True)
         if self.mirror:
             self.mirror.mkdir(parents=True, exist_ok=True)
             (self.mirror / "baseline.json").write_text(baseline.to_json())
@@ -79,7 +79,7 @@ class HostState:
     # releases ---------------------------------------------------------------------------
     def current(self) -> str | None:
         """The release `current` points at, or None (the baseline)."""
-        out = self.t.run_script(f"readlink {q(str(self.layout.current))} || true", timeout=30).stdout.strip()
+        out = self.t.run_script(f"readlink {q(str(self.layout.current))} || true", timeout=30, check=True).stdout.strip()
         return Path(out).name if out else None
 
     def read_release(self, release_id: str) -> Release:
@@ -94,7 +94,7 @@ class HostState:
         return [r for r, s in self.ledger().releases().items() if s == ledger_model.HEALTHY]
 
     def dropin_bytes(self) -> bytes | None:
-        text = self.t.run_script(files.read_optional(self.dropin, ABSENT), timeout=30).stdout
+        text = self.t.run_script(files.read_optional(self.dropin, ABSENT), timeout=30, check=True).stdout
         return None if text == ABSENT else text.encode()
 
     def target_label(self, release_id: str | None) -> str:

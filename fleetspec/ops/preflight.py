@@ -192,7 +192,7 @@ def run(t, req, echo=print) -> Preflight:
 
 # Pieces -------------------------------------------------------------------------------------------
 def gather_unit(t, service: str):
-    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30).stdout)
+    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
 
 
 def read_unit_files(t, unit) -> tuple[bytes, dict[str, bytes], list[str]]:
@@ -265,7 +265,7 @@ def installed_hashes(t, site_packages: str, patchset) -> dict[str, str]:
     from fleetspec.remote import files
 
     paths = {f"{site_packages}/{f.path}": f.path for f in patchset.files}
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(paths)), timeout=60).stdout)
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(paths)), timeout=60, check=True).stdout)
     return {paths[p]: digest for p, digest in got.items() if p in paths}
 
 

@@ -54,7 +54,7 @@ def _headers(spec: ProbeSpec) -> dict:
 
 
 def _unit_state(t, service: str):
-    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30).stdout)
+    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
 
 
 def wait_healthy(t, service: str, spec: ProbeSpec, *, since_restarts: int | None = None,

@@ -90,7 +90,7 @@ def verify_baseline(t, state: HostState, baseline, host: str) -> None:
     from fleetspec.remote import files
 
     wanted = {baseline.unit_path: baseline.unit_sha256, **{p: sha256(b) for p, b in baseline.dropins.items()}}
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + [state.dropin]), timeout=60).stdout)
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + [state.dropin]), timeout=60, check=True).stdout)
     for path, digest in wanted.items():
         if got.get(path) != digest:
             raise NeedsAttention(f"{host}: {path} does not match the baseline after rollback",

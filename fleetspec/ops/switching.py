@@ -41,7 +41,7 @@ def upload_objects(t, state: HostState, blobs: dict[str, bytes]) -> int:
     store = str(state.layout.objects)
     if not blobs:
         return 0
-    missing = t.run_script(files.missing_objects(store, sorted(blobs)), timeout=60).stdout.split()
+    missing = t.run_script(files.missing_objects(store, sorted(blobs)), timeout=60, check=True).stdout.split()
     sent = 0
     for digest in missing:
         t.put_bytes(blobs[digest], f"{store}/{digest}", mode=0o644)
@@ -65,9 +65,9 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
         lines.append(f"mkdir -p {q(str(PurePosixPath(dest).parent))} && cp {q(store + '/' + _sha(data))} {q(dest)}")
     for name, data in sorted(kernel_files.items()):
         lines.append(f"cp {q(store + '/' + _sha(data))} {q(tmp + '/kernels/' + name)}")
-    t.run_script(" && ".join(lines), timeout=120)
+    t.run_script(" && ".join(lines), timeout=120, check=True)
     if patch_files:   # in-place mode too: the smoke tests run against the overlay before the switch
-        t.run_script(pf.overlay_script(f"{tmp}/patch", f"{tmp}/overlay"), timeout=300)
+        t.run_script(pf.overlay_script(f"{tmp}/patch", f"{tmp}/overlay"), timeout=300, check=True)
         _verify_hashes(t, {f"{tmp}/overlay/{p}": _sha(b) for p, b in patch_files.items()})
         _py_compile(t, pf, [f"{tmp}/overlay/{p}" for p in patch_files if p.endswith(".py")])
     release = Release(
@@ -79,12 +79,12 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
         base_files={f.path: f.base_sha256 for f in pf.patchset.files} if pf.patchset else {},
     )
     t.put_bytes(release.to_json().encode(), f"{tmp}/manifest.json", mode=0o644)
-    t.run_script(f"rm -rf {q(final)} && mv -T {q(tmp)} {q(final)}", timeout=60)
+    t.run_script(f"rm -rf {q(final)} && mv -T {q(tmp)} {q(final)}", timeout=60, check=True)
     return release
 
 
 def _verify_hashes(t, expected: dict[str, str]) -> None:
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(expected)), timeout=120).stdout)
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(expected)), timeout=120, check=True).stdout)
     for path, digest in expected.items():
         if got.get(path) != digest:
             raise FleetspecError(f"staged file {path} has sha256 {got.get(path, 'missing')}, expected {digest}")
@@ -169,7 +169,7 @@ def lint_unit(t, pf, dropin: str) -> str:
         return "skipped (no systemd-analyze)"
     scratch = f"/tmp/fleetspec-lint-{pf.service}-{int(time.time() * 1000)}"
     unit = f"{scratch}/{pf.service}"
-    t.run_script(f"mkdir -p {q(unit + '.d')}", timeout=30)
+    t.run_script(f"mkdir -p {q(unit + '.d')}", timeout=30, check=True)
     t.put_bytes(pf.unit_bytes, unit, mode=0o644)
     t.put_bytes(dropin.encode(), f"{unit}.d/50-fleetspec.conf", mode=0o644)
     r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no {q(unit)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
@@ -188,13 +188,13 @@ def activate(t, state: HostState, release: Release) -> None:
     rdir = str(state.layout.release(release.id))
     d = state.dropin
     if release.mode == "in-place":
-        t.run_script(in_place_apply(release, rdir), timeout=300)
+        t.run_script(in_place_apply(release, rdir), timeout=300, check=True)
     t.run_script(" && ".join([
         f"mkdir -p {q(str(PurePosixPath(d).parent))}",
         files.copy_atomic(f"{rdir}/unit/50-fleetspec.conf", d),
         files.symlink_atomic(rdir, str(state.layout.current)),
         "systemctl daemon-reload",
-    ]), timeout=120)
+    ]), timeout=120, check=True)
 
 
 def leave(t, state: HostState) -> None:
@@ -203,21 +203,23 @@ def leave(t, state: HostState) -> None:
     if current and state.release_exists(current):
         release = state.read_release(current)
         if release.mode == "in-place":
-            t.run_script(in_place_undo(release, str(state.layout.release(current))), timeout=300)
+            t.run_script(in_place_undo(release, str(state.layout.release(current))), timeout=300, check=True)
 
 
 def in_place_apply(release: Release, rdir: str) -> str:
-    """Back up each file the patch set replaces (hash-checked), then replace the live files."""
+    """Back up every file the patch set replaces (each copy hash-checked against the base), and
+    only then replace the live files: a drifted base stops the script before any live write."""
     site = release.site_packages
     lines = ["set -e"]
-    for path, sha in sorted(release.files.items()):
-        live, backup = f"{site}/{path}", f"{rdir}/backup/{path}"
-        base = release.base_files.get(path)
+    for path, base in sorted(release.base_files.items()):
         if base:
+            live, backup = f"{site}/{path}", f"{rdir}/backup/{path}"
             lines.append(f"mkdir -p {q(str(PurePosixPath(backup).parent))}")
-            lines.append(f"[ -e {q(backup)} ] || {files.copy_atomic(live, backup, base)}")
+            lines.append(f"[ -e {q(backup)} ] || {{ {files.copy_atomic(live, backup, base)} || exit 1; }}")
+    for path, sha in sorted(release.files.items()):
+        live = f"{site}/{path}"
         lines.append(f"mkdir -p {q(str(PurePosixPath(live).parent))}")
-        lines.append(files.copy_atomic(f"{rdir}/patch/{path}", live, sha))
+        lines.append(files.copy_atomic(f"{rdir}/patch/{path}", live, sha) + " || exit 1")
         lines.append(_drop_pyc(live))
     return "\n".join(lines)
 
@@ -229,7 +231,7 @@ def in_place_undo(release: Release, rdir: str) -> str:
     for path in sorted(release.files):
         live, base = f"{site}/{path}", release.base_files.get(path)
         if base:
-            lines.append(files.copy_atomic(f"{rdir}/backup/{path}", live, base))
+            lines.append(files.copy_atomic(f"{rdir}/backup/{path}", live, base) + " || exit 1")
         else:
             lines.append(files.remove(live))
         lines.append(_drop_pyc(live))
@@ -246,15 +248,15 @@ def _drop_pyc(live: str) -> str:
 def deactivate(t, state: HostState, baseline) -> None:
     """Back to the baseline: no fleetspec drop-in, no `current`, recorded unit and drop-ins byte-exact."""
     leave(t, state)
-    t.run_script(" && ".join([files.remove(state.dropin), files.remove(str(state.layout.current))]), timeout=60)
+    t.run_script(" && ".join([files.remove(state.dropin), files.remove(str(state.layout.current))]), timeout=60, check=True)
     restore_baseline_files(t, baseline)
-    t.run_script("systemctl daemon-reload", timeout=120)
+    t.run_script("systemctl daemon-reload", timeout=120, check=True)
 
 
 def restore_baseline_files(t, baseline) -> None:
     """Rewrite the unit file and admin drop-ins only where their bytes differ from the record."""
     wanted = {baseline.unit_path: baseline.unit_bytes, **baseline.dropins}
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted)), timeout=60).stdout)
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted)), timeout=60, check=True).stdout)
     for path, data in wanted.items():
         if got.get(path) != _sha(data):
             t.put_bytes(data, path, mode=0o644)
@@ -265,7 +267,7 @@ def restart(t, service: str) -> int | None:
     of `systemctl restart` is not trusted (a crashing unit still returns 0)."""
     from fleetspec.remote.facts import systemd as systemd_fact
 
-    before = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30).stdout).n_restarts
+    before = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout).n_restarts
     t.run_script(f"systemctl reset-failed {q(service)} 2>/dev/null; systemctl restart --no-block {q(service)}",
                  timeout=120, check=False)
     return before
@@ -306,7 +308,7 @@ def prune(t, state: HostState, keep: int) -> list[str]:
     healthy = state.healthy_releases()
     old = [r for r in healthy[:-keep] if r != current] if keep > 0 else []
     for rid in old:
-        t.run_script(f"rm -rf {q(str(state.layout.release(rid)))}", timeout=120)
+        t.run_script(f"rm -rf {q(str(state.layout.release(rid)))}", timeout=120, check=True)
         state.record(L.Entry.status(rid, L.PRUNED))
     return old
 

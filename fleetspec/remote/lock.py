@@ -64,7 +64,7 @@ def acquire_script(lock: str, holder: Holder) -> str:
 
 
 def read_holder(t, lock: str) -> Holder | None:
-    text = t.run_script(files.read_optional(holder_path(lock), ""), timeout=30).stdout
+    text = t.run_script(files.read_optional(holder_path(lock), ""), timeout=30, check=True).stdout
     try:
         return Holder(**json.loads(text)) if text else None
     except (ValueError, TypeError):
