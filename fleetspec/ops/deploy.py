@@ -123,6 +123,13 @@ class Deploy:
         except FleetspecError as err:
             self.state.record(L.Entry.step(self.release_id, name, "failed", reason=str(err)))
             raise StepFailed(name, str(err)) from err
+        except Exception as err:  # a bug must still end in a revert, never a host left mid-switch
+            import traceback
+
+            trace = traceback.format_exc(limit=8)
+            reason = f"internal error: {type(err).__name__}: {err}"
+            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=reason, traceback=trace))
+            raise StepFailed(name, reason, {"traceback": trace}) from err
         finally:
             self.step_seconds[name] = round(time.monotonic() - began, 3)
         self.state.record(L.Entry.step(self.release_id, name, "ok", seconds=self.step_seconds[name], **detail))

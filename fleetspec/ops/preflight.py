@@ -68,7 +68,7 @@ class Preflight:
 
     @property
     def patchset_name(self) -> str | None:
-        return self.patchset.path.name if self.patchset else None
+        return self.patchset.root.name if self.patchset else None
 
     # What the later steps need -----------------------------------------------------------------
     def patch_files(self) -> dict[str, bytes]:
