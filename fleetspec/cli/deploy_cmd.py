@@ -111,6 +111,11 @@ def _print_plan(o) -> None:
 
 
 def _print_deploy_summary(outcomes) -> None:
+    for o in outcomes:
+        if o.status == "refused":
+            click.echo(f"fleetspec: {o.reason if o.reason.startswith(o.host) else o.host + ': ' + o.reason}", err=True)
+    if all(o.status == "refused" for o in outcomes) and len(outcomes) == 1:
+        return
     rows = []
     for o in outcomes:
         figures = ", ".join(f"{k}={v}" for g in o.figures.values() for k, v in (g or {}).items()

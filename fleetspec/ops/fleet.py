@@ -65,7 +65,8 @@ def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, prog
         return Deploy(t, req, echo=echo, progress=progress).run()
     except FleetspecError as err:
         status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
-        echo(f"[{host.name}] {status}: {err}")
+        if status != "refused":
+            echo(f"[{host.name}] {status}: {err}")
         out = DeployOutcome(host.name, status, reason=str(err), exit_code=err.exit_code)
         if getattr(err, "command", None):
             out.evidence["command"] = err.command
