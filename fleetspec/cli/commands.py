@@ -1,23 +1,8 @@
-"""The list of command groups; each lives in a module of its own under fleetspec/cli/."""
+"""The command modules; each exports COMMANDS, a list of click commands or groups."""
 
 from __future__ import annotations
 
-import importlib
+from fleetspec.cli import bench_cmd, deploy_cmd, kernels_cmd, lab_cmd, patchset_cmd, status_cmd
 
-_MODULES = ["status", "lab", "patchset", "kernels", "deploy", "rollback", "history", "bench"]
-
-
-def _load():
-    found = []
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(f"fleetspec.cli.{name}_cmd")
-        except ModuleNotFoundError as err:
-            if err.name == f"fleetspec.cli.{name}_cmd":
-                continue
-            raise
-        found.extend(module.COMMANDS)
-    return found
-
-
-ALL = _load()
+ALL = [*status_cmd.COMMANDS, *deploy_cmd.COMMANDS, *bench_cmd.COMMANDS, *patchset_cmd.COMMANDS,
+       *kernels_cmd.COMMANDS, *lab_cmd.COMMANDS]

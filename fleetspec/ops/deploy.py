@@ -42,6 +42,7 @@ class DeployRequest:
     plan_only: bool = False
     options: dict = field(default_factory=dict)
     run_gates: bool = True
+    prune: bool = True                 # bench deploys keep the operator's releases untouched
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
 
 
@@ -226,7 +227,7 @@ class Deploy:
 
     def _commit(self) -> dict:
         self._mark(L.HEALTHY)
-        pruned = switching.prune(self.t, self.state, keep=self.pf.keep_releases)
+        pruned = switching.prune(self.t, self.state, keep=self.pf.keep_releases) if self.req.prune else []
         return {"pruned": pruned}
 
     # Failure path -----------------------------------------------------------------------------
