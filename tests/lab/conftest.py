@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_HOSTS = ("ct129", "ct200")
+# The first host is like ct129 (sglang 0.5.13.post1, hybrid target, NEXTN), the second like ct200
+# (0.5.23, DFLASH). Another checkout can run its own pair beside these (e.g. ct131,ct201).
+LAB_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_HOSTS", "ct129,ct200").split(","))
 
 
 def lab_skip_reason() -> str | None:
@@ -33,6 +35,7 @@ class LabFleet:
     inventory: Path
     addresses: dict[str, str]
     up_seconds: float
+    hosts: tuple[str, ...] = LAB_HOSTS
 
     def run(self, host: str, script: str, timeout: float = 60):
         """Run a shell string on a lab host; returns CompletedProcess with bytes stdout/stderr."""
