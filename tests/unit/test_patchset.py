@@ -233,3 +233,11 @@ def test_cli_show_verify_and_refusal(tmp_path):
     bad = _write(tmp_path, {"sglang/x.py": b"1"}, entries=[{"path": "/x", "action": "add", "sha256": "a" * 64}])
     out = runner.invoke(main, ["patchset", "verify", str(bad)])
     assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_shipped_python_file_compiles(version):
+    ps = P.load_patchset(PATCHSETS / f"sglang-{version}")
+    for entry in ps.files:
+        if entry.path.endswith(".py"):
+            compile(ps.source(entry).read_text(), str(ps.source(entry)), "exec")
