@@ -183,7 +183,7 @@ class Deploy:
         """The same host's figures on what it serves now, for the gates to compare against."""
         from fleetspec.ops import gates
 
-        if not self.req.run_gates or not gates.needs_baseline(self.pf.playbook.gates):
+        if not self.req.run_gates or not gates.needs_baseline(gates.for_host(self.pf.playbook.gates, self.host)):
             return {"skipped": True}
         self.pf.before = gates.measure_for(self.t, self.pf)
         return {"figures": self.pf.before.figures()}

@@ -118,6 +118,32 @@ def _load(t, port, level, requests, max_new_tokens, headers):
     return tokens, ((wall, statistics.fmean(latencies)) if latencies else None), errors
 
 
+def for_host(gates, host):
+    """The playbook's gates with the host's overrides (inventory `vars.extra.gates`, e.g.
+    `{throughput: {min_ratio: 0.6}}` for a host whose load is known to be noisy)."""
+    import dataclasses
+
+    from fleetspec.errors import ConfigError
+
+    overrides = host.vars.extra.get("gates") or {}
+    where = f"hosts.{host.name}.vars.extra.gates"
+    if not isinstance(overrides, dict):
+        raise ConfigError(host.inventory_path, where, "expected a mapping of gate name -> settings")
+    out = gates
+    for name, settings in overrides.items():
+        current = getattr(gates, name, None) if name in ("acceptance", "throughput", "parity") else None
+        if current is None or not isinstance(settings, dict):
+            raise ConfigError(host.inventory_path, f"{where}.{name}",
+                              "expected a gate the playbook has (acceptance, throughput, parity) with settings")
+        fields = {f.name: f.type for f in dataclasses.fields(current)}
+        unknown = set(settings) - set(fields)
+        if unknown:
+            raise ConfigError(host.inventory_path, f"{where}.{name}.{sorted(unknown)[0]}",
+                              f"unknown setting (known: {', '.join(fields)})")
+        out = dataclasses.replace(out, **{name: dataclasses.replace(current, **settings)})
+    return out
+
+
 def needs_baseline(gates) -> bool:
     return bool(gates.throughput or gates.parity or (gates.acceptance and gates.acceptance.vs_baseline_tolerance))
 
@@ -200,7 +226,7 @@ def _parity(g, before, after, hybrid: bool) -> Verdict:
 
 def measure_for(t, pf) -> Measurement:
     """Measure what the host serves now, the way the playbook's gates ask."""
-    g = pf.playbook.gates
+    g = for_host(pf.playbook.gates, pf.host)
     return measure(t, pf.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
                    concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
                    requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
@@ -208,7 +234,7 @@ def measure_for(t, pf) -> Measurement:
 
 def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
     after = measure_for(t, pf)
-    verdicts = judge(pf.playbook.gates, pf.before, after, hybrid=pf.hybrid)
+    verdicts = judge(for_host(pf.playbook.gates, pf.host), pf.before, after, hybrid=pf.hybrid)
     for v in verdicts:
         echo(f"[{pf.host.name}] gate {v.name}: {v.verdict}{' (dry run)' if v.dry_run else ''}"
              f"{' — ' + v.reason if v.reason else ''} {v.figures}")
