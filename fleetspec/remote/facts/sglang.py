@@ -14,10 +14,16 @@ import shlex
 from dataclasses import dataclass, field
 
 # Runs in the host's python (3.8+), standard library only; prints one JSON object.
+# Runs in the host's python (3.8+), standard library only; prints one JSON object.
+# Hashing every file of sglang costs seconds of host CPU, so verdicts are cached on the host by
+# each file's (size, mtime_ns, ctime_ns, inode), as git's index does: any write changes ctime, which
+# no user can set back, so a cached verdict is only reused for a file nobody has written since.
 SNIPPET = r'''
 import base64, hashlib, json, os, sys
+CACHE_DIR = os.environ.get("FLEETSPEC_FACT_CACHE", "/var/cache/fleetspec")
 out = {"python": sys.executable, "python_version": sys.version.split()[0], "version": None,
-       "site_packages": None, "dist_info": None, "drift": [], "missing": [], "files_checked": 0}
+       "site_packages": None, "dist_info": None, "drift": [], "missing": [], "files_checked": 0,
+       "files_hashed": 0}
 try:
     from importlib import metadata
     dist = metadata.distribution("sglang")
@@ -25,26 +31,58 @@ except Exception as err:
     out["error"] = "sglang not installed: %s" % (err,)
 else:
     out["version"] = dist.version
-    out["site_packages"] = str(dist.locate_file(""))
+    site = str(dist.locate_file(""))
+    out["site_packages"] = site
     out["dist_info"] = str(getattr(dist, "_path", "")) or None
+    cache_file = os.path.join(CACHE_DIR, "sglang-record-%s.json" % hashlib.sha256(
+        (out["dist_info"] or site).encode()).hexdigest()[:16])
+    try:
+        with open(cache_file) as fh:
+            cache = json.load(fh)
+    except (OSError, ValueError):
+        cache = {}
+    fresh = {}
     for f in dist.files or []:
         if f.hash is None or f.hash.mode != "sha256":
             continue
-        path = str(f.locate())
-        h = hashlib.sha256()
+        rel = str(f)
+        path = os.path.join(site, rel)
         try:
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
+            st = os.stat(path)
         except FileNotFoundError:
-            out["missing"].append(str(f))
+            out["missing"].append(rel)
             continue
-        except OSError as err:
-            out["drift"].append(str(f))
+        except OSError:
+            out["drift"].append(rel)
             continue
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, f.hash.value]
+        hit = cache.get(rel)
+        if hit is not None and hit[:5] == key:
+            ok = hit[5]
+        else:
+            h = hashlib.sha256()
+            try:
+                with open(path, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+            except OSError:
+                out["drift"].append(rel)
+                continue
+            out["files_hashed"] += 1
+            ok = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode() == f.hash.value
+        fresh[rel] = key + [ok]
         out["files_checked"] += 1
-        if base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode() != f.hash.value:
-            out["drift"].append(str(f))
+        if not ok:
+            out["drift"].append(rel)
+    if fresh != cache:
+        try:
+            os.makedirs(CACHE_DIR, exist_ok=True)
+            tmp = "%s.%d.tmp" % (cache_file, os.getpid())
+            with open(tmp, "w") as fh:
+                json.dump(fresh, fh)
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass
 print(json.dumps(out))
 '''
 
@@ -59,6 +97,7 @@ class SglangInstall:
     drift: list[str] = field(default_factory=list)      # files whose bytes differ from RECORD
     missing: list[str] = field(default_factory=list)    # files RECORD lists that are gone
     files_checked: int = 0
+    files_hashed: int = 0                               # how many were read (the rest: cache hits)
     error: str | None = None
 
     @property
@@ -80,7 +119,8 @@ def parse(stdout: str, python: str = "") -> SglangInstall:
         python=data["python"], python_version=data["python_version"], version=data.get("version"),
         site_packages=data.get("site_packages"), dist_info=data.get("dist_info"),
         drift=sorted(data.get("drift", [])), missing=sorted(data.get("missing", [])),
-        files_checked=int(data.get("files_checked", 0)), error=data.get("error"))
+        files_checked=int(data.get("files_checked", 0)), files_hashed=int(data.get("files_hashed", 0)),
+        error=data.get("error"))
 
 
 @dataclass(frozen=True)
