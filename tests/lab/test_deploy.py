@@ -16,6 +16,9 @@ import time
 
 import pytest
 
+from tests.lab import labtools
+from tests.lab.labtools import fs
+
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 HOST = "ct129"
@@ -31,19 +34,8 @@ CT129_EXECSTART_ARGV = (
 )
 
 
-def fs(fleet, *args, timeout=900, env=None, check_rc=None):
-    """Run the real CLI as an operator would; returns CompletedProcess (text)."""
-    cmd = [sys.executable, "-m", "fleetspec", "--root", str(fleet.root), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-    if check_rc is not None:
-        assert r.returncode == check_rc, f"{' '.join(args)} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
-
-
 def sh(fleet, script, timeout=60) -> str:
-    r = fleet.run(HOST, script, timeout=timeout)
-    assert r.returncode == 0, (script, r.stdout, r.stderr)
-    return r.stdout.decode()
+    return labtools.sh(fleet, HOST, script, timeout)
 
 
 def snapshot(fleet) -> dict:
@@ -61,7 +53,7 @@ def status(fleet) -> dict:
 
 
 def ledger(fleet) -> list[dict]:
-    return [json.loads(line) for line in sh(fleet, f"cat {STATE}/ledger.jsonl").splitlines() if line.strip()]
+    return labtools.ledger(fleet, HOST)
 
 
 def release_story(fleet, release: str) -> list[str]:

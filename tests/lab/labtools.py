@@ -1,0 +1,32 @@
+"""Helpers the end-to-end tests share: the real CLI in a child process, shell on a lab host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def fs(fleet, *args, timeout=900, env=None, check_rc=None):
+    """Run the real CLI as an operator would; returns CompletedProcess (text)."""
+    cmd = [sys.executable, "-m", "fleetspec", "--root", str(fleet.root), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check_rc is not None:
+        assert r.returncode == check_rc, f"{' '.join(args)} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def sh(fleet, host, script, timeout=60) -> str:
+    r = fleet.run(host, script, timeout=timeout)
+    assert r.returncode == 0, (script, r.stdout, r.stderr)
+    return r.stdout.decode()
+
+
+def ledger(fleet, host, service="sglang-qwen") -> list[dict]:
+    text = fleet.run(host, f"cat /var/lib/fleetspec/{service}/ledger.jsonl 2>/dev/null").stdout.decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def json_rows(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
