@@ -199,3 +199,40 @@ def test_rollback_sh_by_hand_restores_nextn(lab_fleet, ct129):
     out = sh(lab_fleet, f"sh {STATE}/current/rollback.sh", timeout=120)
     assert "back on baseline" in out
     assert_on_baseline(lab_fleet, ct129)
+
+
+@pytest.fixture
+def guarded_root(lab_fleet, tmp_path):
+    """A fleet root whose ddtree playbook opts into the crash-loop guard."""
+    import shutil
+
+    root = tmp_path / "fleet"
+    for folder in ("playbooks", "templates"):
+        shutil.copytree(lab_fleet.root / folder, root / folder, symlinks=True)
+    (root / "inventory").mkdir()
+    text = (lab_fleet.root / "inventory" / "lab.yaml").read_text()
+    (root / "inventory" / "lab.yaml").write_text(text.replace("../.lab/", f"{lab_fleet.root}/.lab/"))
+    playbook = root / "playbooks" / "ddtree.yaml"
+    playbook.write_text(playbook.read_text() + "guard: {burst: 2, interval_s: 300}\n")
+    return root
+
+
+def test_crash_loop_guard_reverts_without_fleetspec(lab_fleet, ct129, guarded_root):
+    r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(guarded_root), "deploy", HOST, "--algo",
+                        "ddtree", "--yes", "--no-gates"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    dropin = sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/50-fleetspec.conf")
+    assert "OnFailure=fleetspec-guard@sglang-qwen.service" in dropin
+    # fleetspec has left; the release starts crash-looping (a bad driver, a bad node...)
+    fs(lab_fleet, "lab", "fault", HOST, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
+    sh(lab_fleet, f"systemctl restart --no-block {SERVICE}")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if any(e["by"] == "rollback.sh" and e["state"] == "rolled_back" for e in ledger(lab_fleet)):
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError("the guard never ran: " + sh(lab_fleet, f"systemctl status {SERVICE} fleetspec-guard@sglang-qwen --no-pager; true"))
+    assert_on_baseline(lab_fleet, ct129)
+    reasons = [e["detail"].get("reason") for e in ledger(lab_fleet) if e["by"] == "rollback.sh"]
+    assert "crash-loop" in reasons
