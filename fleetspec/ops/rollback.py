@@ -55,6 +55,10 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
         interrupted = ledger.interrupted()
         record_under = left or (interrupted[-1] if interrupted else BASELINE)
         echo(f"[{host.name}] rollback {left or BASELINE} -> {target}")
+        for rid in interrupted:
+            last = ledger.last_step(rid)
+            echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
+                 f"{last.name if last else '?'}, {statuses.get(rid)})")
         state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
         switch_started = time.monotonic()
         result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
