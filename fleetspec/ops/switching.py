@@ -100,15 +100,52 @@ def _py_compile(t, pf, paths: list[str]) -> None:
 
 
 # Smoke tests --------------------------------------------------------------------------------
+# One python process runs every smoke script in turn (each in a fresh namespace), so sglang is
+# imported once per deploy instead of once per test; each script's output and exit code are kept
+# apart and read by that script's own parser.
+_SMOKE_RUNNER = """
+import contextlib, io, json, sys, traceback
+results = {}
+for name, src in json.loads(sys.stdin.read()):
+    out, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(compile(src, "<smoke " + name + ">", "exec"), {"__name__": "__fleetspec_smoke__"})
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException as exc:
+            code = 1
+            print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
+                              "traceback": traceback.format_exc(limit=4)}))
+    results[name] = [code, out.getvalue()]
+    if code != 0:
+        break
+sys.stdout.write("\\nFLEETSPEC-SMOKE " + json.dumps(results) + "\\n")
+"""
+
+
 def smoke(t, pf, state: HostState, release: Release) -> dict:
     """Run the offline smoke tests in the host's python with the release on its path."""
     overlay = str(state.layout.release(release.id) / "overlay")
     kernels = str(state.layout.release(release.id) / "kernels")
+    scripts = pf.smoke_scripts(kernels_dir=kernels)
+    if not scripts:
+        return {"smoke": {}}
+    env = f"PYTHONPATH={q(overlay)} " if release.files else ""
+    payload = json.dumps([[name, script] for name, script, _ in scripts]).encode()
+    r = t.run_script(f"cd /tmp && {env}timeout 600 {q(pf.python)} -c {q(_SMOKE_RUNNER)}", timeout=660,
+                     check=False, stdin=payload)
+    marker = [line for line in r.stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
+    if not marker:
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
+        raise FleetspecError(f"smoke tests did not run in {pf.python}: {tail}")
+    ran = json.loads(marker[-1].split(" ", 1)[1])
     results = {}
-    for name, script, parse in pf.smoke_scripts(kernels_dir=kernels):
-        env = f"PYTHONPATH={q(overlay)} " if release.files else ""
-        r = t.run_script(f"cd /tmp && {env}timeout 600 {q(pf.python)} -c {q(script)}", timeout=660, check=False)
-        verdict = parse(r.stdout, r.stderr, r.rc)
+    for name, _, parse in scripts:
+        if name not in ran:
+            continue
+        code, out = ran[name]
+        verdict = parse(out, r.stderr, code)
         results[name] = verdict
         if not verdict.get("ok"):
             raise FleetspecError(f"smoke test {name} failed: {verdict.get('error') or r.stderr.strip()[-300:]}")
