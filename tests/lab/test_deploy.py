@@ -236,3 +236,17 @@ def test_crash_loop_guard_reverts_without_fleetspec(lab_fleet, ct129, guarded_ro
     assert_on_baseline(lab_fleet, ct129)
     reasons = [e["detail"].get("reason") for e in ledger(lab_fleet) if e["by"] == "rollback.sh"]
     assert "crash-loop" in reasons
+
+
+def test_in_place_mode_backs_up_replaces_and_restores_pristine(lab_fleet, ct129):
+    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--mode", "in-place", "--yes", "--no-gates", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    release = json.loads(r.stdout.strip().splitlines()[-1])["release"]
+    s = status(lab_fleet)
+    assert s["served_algo"] == "DDTREE"
+    assert "sglang/srt/speculative/spec_info.py" in s["drift_files"]          # the live venv was edited
+    backup = sh(lab_fleet, f"cd {STATE}/releases/{release}/backup && find . -type f | sort")
+    assert "./sglang/srt/speculative/spec_info.py" in backup
+    assert "PYTHONPATH" not in sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/50-fleetspec.conf")
+    fs(lab_fleet, "rollback", HOST, check_rc=0)
+    assert_on_baseline(lab_fleet, ct129)                                      # drift pristine again
