@@ -219,8 +219,9 @@ def guarded_root(lab_fleet, tmp_path):
 
 def test_crash_loop_guard_reverts_without_fleetspec(lab_fleet, ct129, guarded_root):
     r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(guarded_root), "deploy", HOST, "--algo",
-                        "ddtree", "--yes", "--no-gates"], capture_output=True, text=True, timeout=900)
+                        "ddtree", "--yes", "--no-gates", "--json"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    release = json.loads(r.stdout.strip().splitlines()[-1])["release"]
     dropin = sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/50-fleetspec.conf")
     assert "OnFailure=fleetspec-guard@sglang-qwen.service" in dropin
     # fleetspec has left; the release starts crash-looping (a bad driver, a bad node...)
@@ -228,14 +229,15 @@ def test_crash_loop_guard_reverts_without_fleetspec(lab_fleet, ct129, guarded_ro
     sh(lab_fleet, f"systemctl restart --no-block {SERVICE}")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if any(e["by"] == "rollback.sh" and e["state"] == "rolled_back" for e in ledger(lab_fleet)):
+        if any(e["by"] == "rollback.sh" and e["release"] == release and e["state"] == "rolled_back"
+               for e in ledger(lab_fleet)):
             break
         time.sleep(3)
     else:
         raise AssertionError("the guard never ran: " + sh(lab_fleet, f"systemctl status {SERVICE} fleetspec-guard@sglang-qwen --no-pager; true"))
     assert_on_baseline(lab_fleet, ct129)
-    reasons = [e["detail"].get("reason") for e in ledger(lab_fleet) if e["by"] == "rollback.sh"]
-    assert "crash-loop" in reasons
+    reasons = {e["detail"].get("reason") for e in ledger(lab_fleet) if e["by"] == "rollback.sh" and e["release"] == release}
+    assert reasons == {"crash-loop"}
 
 
 def test_in_place_mode_backs_up_replaces_and_restores_pristine(lab_fleet, ct129):

@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger", "status", "lock")
+_KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class ReleaseState:
     baseline: bool
     last_entry: dict[str, Any] | None
     last_status: dict[str, Any] | None = None   # the last `"kind": "status"` ledger line
+    current_status: dict[str, Any] | None = None  # the last status line of the current release
     locked: bool = False                        # a deploy/rollback holds the lock right now
 
     @property
@@ -42,8 +43,8 @@ class ReleaseState:
     @property
     def release_status(self) -> str | None:
         """The current release's latest status (model.ledger: healthy, failed, rolled_back…)."""
-        entry = self.last_status or {}
-        if self.current and entry.get("release") not in (None, self.current):
+        entry = self.current_status or {}
+        if not self.current or entry.get("release") != self.current:
             return None
         return entry.get("state")
 
@@ -56,6 +57,9 @@ def command(service: str) -> str:
             f"if [ -d {base} ]; then echo baseline=yes; else echo baseline=no; fi; "
             f"printf 'ledger='; tail -n 1 {led} 2>/dev/null; echo; "
             f"printf 'status='; grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | tail -n 1; echo; "
+            f"rid=$(basename \"$(readlink {cur} 2>/dev/null)\"); printf 'current_status='; "
+            f"[ -n \"$rid\" ] && grep -F \"\\\"release\\\":\\\"$rid\\\"\" {led} 2>/dev/null | "
+            f"grep -E '\"kind\": ?\"status\"' | tail -n 1; echo; "
             f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; else echo lock=free; fi")
 
 
@@ -69,7 +73,8 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
     return ReleaseState(managed=values.get("exists") == "yes",
                         current=PurePosixPath(current).name if current else None,
                         baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
-                        last_status=_json(values.get("status")), locked=values.get("lock") == "held")
+                        last_status=_json(values.get("status")), current_status=_json(values.get("current_status")),
+                        locked=values.get("lock") == "held")
 
 
 def _json(text: str | None) -> dict[str, Any] | None:
