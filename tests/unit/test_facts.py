@@ -103,11 +103,15 @@ def test_model_config_hybrid():
 
 
 def test_release_state_parse():
+    # The current release is healthy; pruning an older one wrote the last status line.
     out = ("exists=yes\ncurrent=/var/lib/fleetspec/sglang-qwen/releases/20261130-0912-ddtree\nbaseline=yes\n"
-           'ledger={"kind":"step","release":"20261130-0912-ddtree","name":"prune","state":"done"}\n'
-           'status={"kind":"status","release":"20261130-0912-ddtree","name":"release","state":"healthy"}\n')
+           'ledger={"kind":"step","release":"20261130-0912-ddtree","name":"commit","state":"ok"}\n'
+           'status={"kind":"status","release":"20261129-0800-nextn","name":"release","state":"pruned"}\n'
+           'current_status={"kind":"status","release":"20261130-0912-ddtree","name":"release","state":"healthy"}\n'
+           "lock=free\n")
     s = release_state.parse(out)
     assert s.managed and s.baseline and s.current == "20261130-0912-ddtree" and s.release_status == "healthy"
+    assert s.interrupted is None and not s.locked
     empty = release_state.parse("exists=no\ncurrent=\nbaseline=no\nledger=\nstatus=\n")
     assert not empty.managed and empty.current is None and empty.last_entry is None
 
