@@ -1,6 +1,6 @@
 """How long fleet-wide operations take on the lab, per fleet size (issue 8). No assertions: figures.
 
-For N in the sizes asked (default 1 2 4 8), with N lab hosts cloned from ct200 (sglang 0.5.23):
+For N in the sizes asked (default 1 2 4 8), with N lab hosts ct210.. cloned from ct200 (sglang 0.5.23):
   - `status --all` wall time (median of --runs),
   - `deploy --all --algo ddtree` wall time, and fleetspec's own time (wall minus the longest
     host's time waiting for engines to load and for on-host smoke tests, which are the engine's),
@@ -53,10 +53,10 @@ def sent_bytes(host: str, release: str) -> int:
 
 
 def measure(n: int, runs: int) -> dict:
-    hosts = ["ct200"] + [f"ct{201 + i}" for i in range(n - 1)]
+    hosts = [f"ct{210 + i}" for i in range(n)]          # 0.5.23 DFlash hosts, like ct200
     subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts", ",".join(hosts)],
                    check=True, timeout=3600)
-    targets = ["--all"]
+    targets = hosts
     status_walls = []
     for _ in range(runs):
         r, wall, _ = fs("status", *targets, "--json")
