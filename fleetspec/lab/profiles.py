@@ -175,6 +175,7 @@ def inventory_vars(p: Profile) -> dict:
             # DDTree builds its trees on the CPU it is measured on): gate at 0.6, which still
             # catches a release that is really slower (slow_tokens=4 measures ~0.3).
             "extra": {"sglang_version": p.version, "lab_profile": p.like, "ready_timeout": 120,
+                      "require_gpus": False,   # no GPU in a container; the engine is a stand-in
                       "gates": {"throughput": {"min_ratio": 0.6}}}}
 
 

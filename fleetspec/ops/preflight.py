@@ -24,6 +24,7 @@ from fleetspec.ops import probes
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState
 from fleetspec.remote import facts
 from fleetspec.remote.facts import disk as disk_fact
+from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import model_config as model_fact
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import systemd as systemd_fact
@@ -161,11 +162,12 @@ def run(t, req, echo=print) -> Preflight:
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
                              f"moves a running service", f"ssh {host.address} systemctl status {service}")
 
-    sg, tv, disk, model = facts.gather_many(t, [
+    sg, tv, disk, model, gpus = facts.gather_many(t, [
         (sglang_fact, {"python": python}),
         (torch_fact, {"python": python}),
         (disk_fact, {"path": str(state.layout.root)}),
         (model_fact, {"path": _model_path(host, exec_argv)}),
+        (gpu_fact, {}),
     ])
     if sg is None or not getattr(sg, "version", None):
         raise UserError(f"{host.name}: no sglang found for python {python} (vars.python in {host.inventory_path})")
@@ -181,6 +183,7 @@ def run(t, req, echo=print) -> Preflight:
         raise UserError(f"{host.name}: only {disk.free_bytes // 2**20} MiB free under /var/lib; "
                         f"need {MIN_FREE_BYTES // 2**20} MiB")
     check_paths(t, host, playbook)
+    notes.extend(check_gpus(host, gpus))
     for note in notes:
         echo(note)
     return Preflight(host=host, root=req.root, playbook=playbook, service=service, python=python, unit=unit,
@@ -280,6 +283,21 @@ def load_kernels(playbook, torch_facts, host: str) -> list:
         check_abi(kernel, torch_facts, host=host)
         out.append(kernel)
     return out
+
+
+def check_gpus(host, gpus) -> list[str]:
+    """The GPUs the inventory promises are there (nvidia-smi). A host without nvidia-smi is
+    refused unless its inventory says `extra.require_gpus: false` (CPU test hosts)."""
+    want = host.vars.gpu_count
+    if gpus is None or not gpus.present:
+        if host.vars.extra.get("require_gpus", True):
+            raise UserError(f"{host.name}: no nvidia-smi on the host, but it should have "
+                            f"{want or 'its'} GPUs (set vars.extra.require_gpus: false in "
+                            f"{host.inventory_path} for a host without GPUs)")
+        return [f"{host.name}: no GPU on this host (require_gpus: false); GPU health not checked"]
+    if want is not None and len(gpus.gpus) < want:
+        raise UserError(f"{host.name}: nvidia-smi shows {len(gpus.gpus)} GPU(s), the inventory says {want}")
+    return []
 
 
 def check_paths(t, host, playbook) -> None:
