@@ -41,7 +41,7 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
     target = to or BASELINE
-    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}"):
+    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo):
         baseline = state.read_baseline()
         if baseline is None:
             raise UserError(f"{host.name}: no baseline recorded for {host.vars.service}: fleetspec never changed it")

@@ -6,6 +6,7 @@ status is what an operator runs when something is already wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -98,10 +99,17 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         state = None
     if state is not None and state.current:
         row.release, row.release_status = state.current, state.release_status
+    lock_note = None
+    if state is not None and state.locked:
+        lock_note = "a deploy or rollback holds the lock now"
+        stale = _stale_holder(state.holder)
+        if stale is not None:   # its process is gone: the story it left unfinished is shown too
+            lock_note = f"stale lock: {stale.describe()} is no longer running; the next deploy or rollback ends it"
+            state = dataclasses.replace(state, locked=False)
     if state is not None and state.interrupted:
         row.notes.append(f"{state.interrupted} {host.name}" if state.interrupted.endswith("rollback") else state.interrupted)
-    if state is not None and state.locked:
-        row.notes.append("a deploy or rollback holds the lock now")
+    if lock_note:
+        row.notes.append(lock_note)
     if row.drift is None:
         n = len(row.drift_files)
         if state is not None and state.current:
@@ -110,6 +118,16 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = f"{n} files differ" if n else "pristine"
 
     _probe_http(row, t, host, declared)
+
+
+def _stale_holder(raw):
+    from fleetspec.remote.lock import Holder
+
+    try:
+        holder = Holder(**raw) if isinstance(raw, dict) and "unparsed" not in raw else None
+    except TypeError:
+        return None
+    return holder if holder is not None and holder.dead_here() else None
 
 
 def _probe_http(row: HostStatus, t, host: Host, declared: str | None) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger", "status", "lock")
+_KEYS = ("exists", "current", "baseline", "ledger", "status", "lock", "holder")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class ReleaseState:
     last_entry: dict[str, Any] | None
     last_status: dict[str, Any] | None = None   # the last `"kind": "status"` ledger line
     locked: bool = False                        # a deploy/rollback holds the lock right now
+    holder: dict[str, Any] | None = None        # who holds it (lock.holder), when locked
 
     @property
     def interrupted(self) -> str | None:
@@ -56,7 +57,8 @@ def command(service: str) -> str:
             f"if [ -d {base} ]; then echo baseline=yes; else echo baseline=no; fi; "
             f"printf 'ledger='; tail -n 1 {led} 2>/dev/null; echo; "
             f"printf 'status='; grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | tail -n 1; echo; "
-            f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; else echo lock=free; fi")
+            f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; "
+            f"printf 'holder='; cat {shlex.quote(str(lay.lock) + '.holder')} 2>/dev/null; echo; else echo lock=free; fi")
 
 
 def parse(stdout: str, service: str = "") -> ReleaseState:
@@ -69,7 +71,8 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
     return ReleaseState(managed=values.get("exists") == "yes",
                         current=PurePosixPath(current).name if current else None,
                         baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
-                        last_status=_json(values.get("status")), locked=values.get("lock") == "held")
+                        last_status=_json(values.get("status")), locked=values.get("lock") == "held",
+                        holder=_json(values.get("holder")) if values.get("lock") == "held" else None)
 
 
 def _json(text: str | None) -> dict[str, Any] | None:
