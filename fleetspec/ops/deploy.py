@@ -195,7 +195,8 @@ class Deploy:
     def _switch(self) -> dict:
         self._mark(L.SWITCHED, previous=self.previous or BASELINE)
         self.switched = True
-        switching.activate(self.t, self.state, self.release)
+        hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
+        switching.activate(self.t, self.state, self.release, after_files=hook)
         return {}
 
     def _restart(self) -> dict:
@@ -243,7 +244,7 @@ class Deploy:
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
             result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
-                                         self.previous, progress=self._progress)
+                                         self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))

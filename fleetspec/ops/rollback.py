@@ -57,8 +57,10 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
         echo(f"[{host.name}] rollback {left or BASELINE} -> {target}")
         state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
         switch_started = time.monotonic()
+        switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
         result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
-                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None))
+                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
+                                     also=switched)
         progress(None)
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))
