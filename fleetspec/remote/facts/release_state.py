@@ -33,7 +33,8 @@ class ReleaseState:
             return None
         last, status = self.last_entry or {}, self.last_status or {}
         if status and status.get("state") not in L.TERMINAL:
-            where = f"after step {last.get('name')}" if last.get("release") == status.get("release") else ""
+            where = (f"after step {last.get('name')}" if last.get("release") == status.get("release")
+                     and last.get("kind") == "step" else "")
             return (f"deploy {status.get('release')} was interrupted {where} while {status.get('state')}".replace("  ", " ")
                     + "; finish it with: fleetspec rollback")
         if last.get("kind") == "step" and last.get("state") == "started" and last.get("name") != "rollback":
