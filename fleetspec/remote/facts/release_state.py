@@ -35,6 +35,9 @@ class ReleaseState:
         if status and status.get("state") not in L.TERMINAL:
             where = (f"after step {last.get('name')}" if last.get("release") == status.get("release")
                      and last.get("kind") == "step" else "")
+            if status.get("state") != L.SWITCHED:   # staged: nothing that runs was changed
+                return (f"deploy {status.get('release')} died {where} before switching (host unchanged)"
+                        .replace("  ", " "))
             return (f"deploy {status.get('release')} was interrupted {where} while {status.get('state')}".replace("  ", " ")
                     + "; finish it with: fleetspec rollback")
         if last.get("kind") == "step" and last.get("state") == "started" and last.get("name") != "rollback":
