@@ -277,6 +277,7 @@ class Transport:
                     sent = chan.send(view[:_CHUNK])
                     view = view[sent:]
             chan.shutdown_write()
+            exited_at = None
             while True:
                 if chan.recv_ready():
                     out += chan.recv(_CHUNK)
@@ -285,7 +286,13 @@ class Transport:
                     err += chan.recv_stderr(_CHUNK)
                     continue
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last of the output: read on to EOF
+                    # (a child left running in the background may hold the pipe: then 5 s at most).
+                    if chan.eof_received or chan.closed:
+                        break
+                    exited_at = exited_at or time.monotonic()
+                    if time.monotonic() - exited_at > 5:
+                        break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RemoteError(f"{self.name}: command timed out after {timeout:g}s: {_short(shown)}")
