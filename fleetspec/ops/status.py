@@ -36,6 +36,7 @@ class HostStatus:
     release_status: str | None = None
     drift: str | None = None            # pristine | N files differ | managed by fleetspec …
     drift_files: list[str] = field(default_factory=list)
+    unit_drift: list[str] = field(default_factory=list)   # unit/drop-ins changed by hand since the baseline
     health: str | None = None           # ok | HTTP <code> | down
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -116,8 +117,27 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = "managed by fleetspec" + (f", {n} files differ" if n else "")
         else:
             row.drift = f"{n} files differ" if n else "pristine"
+    if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
+        row.unit_drift = _unit_drift(t, host, unit)
+        if row.unit_drift:
+            row.drift = f"unit edited by hand; {row.drift}"
+            row.notes.append(f"{host.name}: {'; '.join(row.unit_drift)} since the baseline; review it, then run: "
+                             f"fleetspec baseline {host.name} --retake")
 
     _probe_http(row, t, host, declared)
+
+
+def _unit_drift(t, host: Host, unit) -> list[str]:
+    """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
+    drop-in left out): what preflight would refuse."""
+    from fleetspec.ops.hoststate import HostState
+    from fleetspec.ops.preflight import read_unit_files
+
+    baseline = HostState(t, host.name, host.vars.service).read_baseline()
+    if baseline is None or not unit.fragment_path:
+        return []
+    unit_bytes, dropins, _ = read_unit_files(t, unit)
+    return baseline.differences(unit_bytes, dropins)
 
 
 def _stale_holder(raw):
