@@ -127,6 +127,8 @@ def _print_deploy_summary(outcomes) -> None:
         if o.status == "needs_attention":
             click.echo(f"{o.host} needs attention: run {o.evidence.get('command', f'fleetspec rollback {o.host}')}",
                        err=True)
+        elif o.evidence.get("command"):
+            click.echo(f"{o.host}: next, run {o.evidence['command']}", err=True)
         elif o.evidence.get("journal"):
             click.echo(f"{o.host} journal (last lines):", err=True)
             for line in o.evidence["journal"][-8:]:

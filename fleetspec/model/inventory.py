@@ -18,6 +18,7 @@ from fleetspec.model.yamlload import Fields, describe, load_yaml_file
 
 POLICIES = ("strict", "accept-new")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_UNIT = re.compile(r"^(?!\.)(?!.*\.\.)[A-Za-z0-9@:_.\\-]{1,200}\.service$")
 _JUMP = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>[^@\s:\[\]]+|\[[0-9a-fA-F:.]+\])(?::(?P<port>\d+))?$")
 
 
@@ -263,6 +264,11 @@ def _build_vars(merged: dict, path: Path, key: str) -> HostVars:
         env = spec.get("secret_env", str, required=True)
         spec.done()
         values["api_key"] = SecretRef(env)
+    if "service" in values and not _UNIT.match(values["service"]):
+        # It names /var/lib/fleetspec/<service>/ and the unit's drop-in folder: no paths, no shell.
+        raise ConfigError(path, f"{key}.service",
+                          f"expected a systemd unit name like sglang.service (letters, digits, @ : _ . -), "
+                          f"got {values['service']!r}")
     if "api_port" in values and not 1 <= values["api_port"] <= 65535:
         raise ConfigError(path, f"{key}.api_port", f"expected a port number 1-65535, got {values['api_port']}")
     if "extra" in values:

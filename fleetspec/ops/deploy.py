@@ -87,31 +87,35 @@ class Deploy:
         self.pf = preflight_mod.run(self.t, self.req, self.echo)       # read-only; refuses bad input
         if self.req.plan_only:
             return self._outcome("planned", plan=switching.plan(self.t, self.pf, self.state))
-        with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id) as lock:
+        with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
             self.lock = lock
             try:
-                self.step("preflight", self._record_preflight)
-                self.step("baseline", self._baseline)
-                self.step("stage", self._stage)
-                self.step("smoke", self._smoke)
-                self.step("render", self._render)
-                self.step("measure", self._measure_before)
-                self.step("switch", self._switch)
-                self.step("restart", self._restart)
-                self.step("probes", self._probes)
-                self.step("gates", self._gates)
-            except StepFailed as failure:
-                if not self.switched:
-                    self._mark(L.FAILED, step=failure.step, reason=failure.reason)
-                    return self._outcome("failed", failure=failure, exit_code=1)
-                return self._revert(failure)
-            self.step("commit", self._commit)
+                try:
+                    self.step("preflight", self._record_preflight)
+                    self.step("baseline", self._baseline)
+                    self.step("stage", self._stage)
+                    self.step("smoke", self._smoke)
+                    self.step("render", self._render)
+                    self.step("measure", self._measure_before)
+                    self.step("switch", self._switch)
+                    self.step("restart", self._restart)
+                    self.step("probes", self._probes)
+                    self.step("gates", self._gates)
+                except StepFailed as failure:
+                    if not self.switched:
+                        self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+                        return self._outcome("failed", failure=failure, exit_code=1)
+                    return self._revert(failure)
+                self.step("commit", self._commit)
+            except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
+                return self._lost(err)
         return self._outcome("healthy")
 
     # Step machinery -------------------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], dict | None]) -> None:
         if self.req.pause_at == name:
             self._pause(name)
+        self.current_step = name
         self.state.record(L.Entry.step(self.release_id, name, "started"))
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
@@ -191,7 +195,8 @@ class Deploy:
     def _switch(self) -> dict:
         self._mark(L.SWITCHED, previous=self.previous or BASELINE)
         self.switched = True
-        switching.activate(self.t, self.state, self.release)
+        hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
+        switching.activate(self.t, self.state, self.release, after_files=hook)
         return {}
 
     def _restart(self) -> dict:
@@ -239,7 +244,7 @@ class Deploy:
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
             result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
-                                         self.previous, progress=self._progress)
+                                         self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
@@ -252,6 +257,22 @@ class Deploy:
         self.state.record(L.Entry.step(self.release_id, "revert", "ok"))
         self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
         return self._outcome("rolled_back", failure=failure, exit_code=1)
+
+    def _lost(self, err: FleetspecError) -> DeployOutcome:
+        """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
+        After the switch it may run an unproven release: exit 3 with the command that finishes it."""
+        where = getattr(self, "current_step", "preflight")
+        self.echo(f"[{self.host.name}] lost the host during {where}: {err}")
+        failure = StepFailed(where, f"lost the host: {err}")
+        if self.switched:
+            return self._outcome("needs_attention", failure=failure, exit_code=3,
+                                 reason=f"{where}: lost the host after the switch to {self.release_id}; it may run "
+                                        f"that release unproven: {err}",
+                                 command=f"fleetspec rollback {self.host.name}  (once it answers; or on the host: "
+                                         f"sh {self.state.layout.release(self.release_id)}/rollback.sh)")
+        return self._outcome("failed", failure=failure, exit_code=1,
+                             reason=f"{where}: lost the host before the switch; what it runs was not changed: {err}",
+                             command=f"fleetspec status {self.host.name}  (once it answers)")
 
     # Output -----------------------------------------------------------------------------------
     def _progress(self, line: str | None) -> None:

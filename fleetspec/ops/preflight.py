@@ -158,6 +158,7 @@ def run(t, req, echo=print) -> Preflight:
     except ValueError as err:
         raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
     check_interrupted(state, host.name)
+    check_unit_drift(state, host.name, service, unit_bytes, dropins)
     if unit.active_state != "active":
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
                              f"moves a running service", f"ssh {host.address} systemctl status {service}")
@@ -227,6 +228,16 @@ def check_interrupted(state: HostState, host: str) -> None:
         if status == L.SWITCHED:
             raise NeedsAttention(f"{host}: deploy {rid} was interrupted {where} after switching the service",
                                  f"fleetspec rollback {host}")
+
+
+def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict) -> None:
+    """A unit edited by hand since the baseline is refused before anything is locked or written:
+    the baseline is never silently replaced, and a deploy never builds on a state nobody recorded."""
+    baseline = state.read_baseline()
+    drift = baseline.differences(unit_bytes, dropins) if baseline is not None else []
+    if drift:
+        raise NeedsAttention(f"{host}: {service} changed by hand since the baseline: {'; '.join(drift)}; "
+                             f"review it, then record it", f"fleetspec baseline {host} --retake")
 
 
 def abandon_unswitched(state: HostState, running: str) -> list[str]:

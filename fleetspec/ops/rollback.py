@@ -41,7 +41,7 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
     target = to or BASELINE
-    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}"):
+    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo):
         baseline = state.read_baseline()
         if baseline is None:
             raise UserError(f"{host.name}: no baseline recorded for {host.vars.service}: fleetspec never changed it")
@@ -61,8 +61,10 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
         state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
         switch_started = time.monotonic()
+        switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
         result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
-                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None))
+                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
+                                     also=switched)
         progress(None)
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))

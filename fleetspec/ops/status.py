@@ -6,6 +6,7 @@ status is what an operator runs when something is already wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ class HostStatus:
     release_status: str | None = None
     drift: str | None = None            # pristine | N files differ | managed by fleetspec …
     drift_files: list[str] = field(default_factory=list)
+    unit_drift: list[str] = field(default_factory=list)   # unit/drop-ins changed by hand since the baseline
     health: str | None = None           # ok | HTTP <code> | down
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -98,18 +100,54 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         state = None
     if state is not None and state.current:
         row.release, row.release_status = state.current, state.release_status
+    lock_note = None
+    if state is not None and state.locked:
+        lock_note = "a deploy or rollback holds the lock now"
+        stale = _stale_holder(state.holder)
+        if stale is not None:   # its process is gone: the story it left unfinished is shown too
+            lock_note = f"stale lock: {stale.describe()} is no longer running; the next deploy or rollback ends it"
+            state = dataclasses.replace(state, locked=False)
     if state is not None and state.interrupted:
         row.notes.append(f"{state.interrupted} {host.name}" if state.interrupted.endswith("rollback") else state.interrupted)
-    if state is not None and state.locked:
-        row.notes.append("a deploy or rollback holds the lock now")
+    if lock_note:
+        row.notes.append(lock_note)
     if row.drift is None:
         n = len(row.drift_files)
         if state is not None and state.current:
             row.drift = "managed by fleetspec" + (f", {n} files differ" if n else "")
         else:
             row.drift = f"{n} files differ" if n else "pristine"
+    if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
+        row.unit_drift = _unit_drift(t, host, unit)
+        if row.unit_drift:
+            row.drift = f"unit edited by hand; {row.drift}"
+            row.notes.append(f"{host.name}: {'; '.join(row.unit_drift)} since the baseline; review it, then run: "
+                             f"fleetspec baseline {host.name} --retake")
 
     _probe_http(row, t, host, declared)
+
+
+def _unit_drift(t, host: Host, unit) -> list[str]:
+    """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
+    drop-in left out): what preflight would refuse."""
+    from fleetspec.ops.hoststate import HostState
+    from fleetspec.ops.preflight import read_unit_files
+
+    baseline = HostState(t, host.name, host.vars.service).read_baseline()
+    if baseline is None or not unit.fragment_path:
+        return []
+    unit_bytes, dropins, _ = read_unit_files(t, unit)
+    return baseline.differences(unit_bytes, dropins)
+
+
+def _stale_holder(raw):
+    from fleetspec.remote.lock import Holder
+
+    try:
+        holder = Holder(**raw) if isinstance(raw, dict) and "unparsed" not in raw else None
+    except TypeError:
+        return None
+    return holder if holder is not None and holder.dead_here() else None
 
 
 def _probe_http(row: HostStatus, t, host: Host, declared: str | None) -> None:

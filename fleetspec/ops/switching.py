@@ -219,13 +219,15 @@ def lint_unit(t, pf, dropin: str) -> str:
 
 
 # Switch, restart, revert ------------------------------------------------------------------------
-def activate(t, state: HostState, release: Release) -> None:
+def activate(t, state: HostState, release: Release, after_files=None) -> None:
     """Point the service at `release`: files (in-place mode), drop-in renamed into place,
-    `current` flipped, reload."""
+    `current` flipped, reload. `after_files` runs between the two (a test hook's pause point)."""
     rdir = str(state.layout.release(release.id))
     d = state.dropin
     if release.mode == "in-place":
         t.run_script(in_place_apply(release, rdir), timeout=300, check=True)
+        if after_files is not None:
+            after_files()
     t.run_script(" && ".join([
         f"mkdir -p {q(str(PurePosixPath(d).parent))}",
         files.copy_atomic(f"{rdir}/unit/50-fleetspec.conf", d),
@@ -234,13 +236,16 @@ def activate(t, state: HostState, release: Release) -> None:
     ]), timeout=120, check=True)
 
 
-def leave(t, state: HostState) -> None:
-    """Undo what the current release changed outside its own folder (in-place files)."""
+def leave(t, state: HostState, also=()) -> None:
+    """Undo what the current release changed outside its own folder (in-place files), then what
+    each release in `also` changed: one a deploy switched to but was cut off from before `current`
+    pointed at it (its files may be in place, all or some)."""
     current = state.current()
-    if current and state.release_exists(current):
-        release = state.read_release(current)
-        if release.mode == "in-place":
-            t.run_script(in_place_undo(release, str(state.layout.release(current))), timeout=300, check=True)
+    for rid in dict.fromkeys(r for r in (current, *also) if r):
+        if state.release_exists(rid):
+            release = state.read_release(rid)
+            if release.mode == "in-place":
+                t.run_script(in_place_undo(release, str(state.layout.release(rid))), timeout=300, check=True)
 
 
 def in_place_apply(release: Release, rdir: str) -> str:
@@ -262,13 +267,15 @@ def in_place_apply(release: Release, rdir: str) -> str:
 
 
 def in_place_undo(release: Release, rdir: str) -> str:
-    """Put the backups back (hash-checked against the base) and remove added files."""
+    """Put the backups back (hash-checked against the base) and remove added files. A file that
+    already hashes as its base is left alone, so undoing a partly applied release works too."""
     site = release.site_packages
     lines = ["set -e"]
     for path in sorted(release.files):
         live, base = f"{site}/{path}", release.base_files.get(path)
         if base:
-            lines.append(files.copy_atomic(f"{rdir}/backup/{path}", live, base) + " || exit 1")
+            pristine = f"echo {q(base + '  ' + live)} | sha256sum -c --quiet --status 2>/dev/null"
+            lines.append(f"{pristine} || {{ {files.copy_atomic(f'{rdir}/backup/{path}', live, base)} || exit 1; }}")
         else:
             lines.append(files.remove(live))
         lines.append(_drop_pyc(live))
@@ -282,9 +289,9 @@ def _drop_pyc(live: str) -> str:
     return f"rm -f {q(str(p.parent / '__pycache__' / p.stem))}.*.pyc"
 
 
-def deactivate(t, state: HostState, baseline) -> None:
+def deactivate(t, state: HostState, baseline, also=()) -> None:
     """Back to the baseline: no fleetspec drop-in, no `current`, recorded unit and drop-ins byte-exact."""
-    leave(t, state)
+    leave(t, state, also)
     t.run_script(" && ".join([files.remove(state.dropin), files.remove(str(state.layout.current))]), timeout=60, check=True)
     restore_baseline_files(t, baseline)
     t.run_script("systemctl daemon-reload", timeout=120, check=True)
@@ -316,14 +323,15 @@ def journal_tail(t, service: str, lines: int = 20) -> list[str]:
 
 
 def revert_to(t, state: HostState, host, root: Path, baseline, previous: str | None, *,
-              progress=lambda _: None) -> probes.ProbeResult:
-    """Switch to `previous` (a healthy release, or None for the baseline), restart, prove it."""
+              progress=lambda _: None, also=()) -> probes.ProbeResult:
+    """Switch to `previous` (a healthy release, or None for the baseline), restart, prove it.
+    `also`: releases switched to without `current` pointing at them, whose in-place files to undo."""
     if previous is None:
-        deactivate(t, state, baseline)
+        deactivate(t, state, baseline, also)
         expected = baseline.served_algorithm
     else:
         release = state.read_release(previous)
-        leave(t, state)
+        leave(t, state, also)
         activate(t, state, release)
         expected = expected_algorithm(root, release.algo)
     before = restart(t, state.service)

@@ -35,10 +35,13 @@ def copy_atomic(src: str, dest: str, sha256: str | None = None) -> str:
 
 
 def append_line(path: str, line: str) -> str:
-    """One write(2) with O_APPEND: lines under PIPE_BUF never interleave or tear."""
+    """One write(2) with O_APPEND: lines under PIPE_BUF never interleave or tear. If the file
+    ends in a torn line (a write cut short by ENOSPC or a crash), a newline goes first so the
+    torn line stays alone (and is skipped by readers) instead of swallowing this one."""
     if "\n" in line:
         raise ValueError("a ledger line must not contain a newline")
-    return f"printf '%s\\n' {q(line)} >> {q(path)}"
+    return (f"if [ -s {q(path)} ] && [ -n \"$(tail -c 1 {q(path)})\" ]; then printf '\\n' >> {q(path)}; fi; "
+            f"printf '%s\\n' {q(line)} >> {q(path)}")
 
 
 def sha256_of(paths: list[str]) -> str:

@@ -36,6 +36,11 @@ class Holder:
         return (f"{self.who} (pid {self.pid} on {self.machine}, release {self.release}, "
                 f"for {age:.0f}s)")
 
+    def dead_here(self) -> bool:
+        """True when the holder ran on this machine and its process is gone: a stale lock whose
+        SSH session outlived it (a link cut leaves sshd holding it until TCP gives up)."""
+        return self.machine == socket.gethostname() and self.remote_pid is not None and not self.alive_here()
+
     def alive_here(self) -> bool:
         """True when the holder is a live process on this machine (then it is never forced)."""
         if self.machine != socket.gethostname():
@@ -77,29 +82,38 @@ def is_held(t, lock: str) -> bool:
 
 
 class RemoteLock:
-    def __init__(self, t, lock: str, *, release: str):
-        self.t, self.lock = t, lock
+    def __init__(self, t, lock: str, *, release: str, note=lambda line: None):
+        self.t, self.lock, self.note = t, lock, note
         self.holder = Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
                              pid=os.getpid(), since=time.time(), release=release)
         self.channel = None
 
     def __enter__(self) -> "RemoteLock":
-        self.channel = self.t.open_exec(acquire_script(self.lock, self.holder))
-        line = _read_line(self.channel, timeout=30)
-        if line.startswith("LOCKED"):
-            return self
-        rc = self.channel.recv_exit_status() if self.channel.exit_status_ready() else None
-        self.channel.close()
-        if rc == BUSY or not line:
-            holder = read_holder(self.t, self.lock)
-            who = holder.describe() if holder else "an unknown holder"
-            raise UserError(f"{self.t.host.name}: {self.lock} is held by {who}; wait for it, or if that "
-                            f"deploy is dead run: fleetspec unlock {self.t.host.name} --force")
-        raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
+        for attempt in (1, 2):
+            self.channel = self.t.open_exec(acquire_script(self.lock, self.holder))
+            line = _read_line(self.channel, timeout=30)
+            if line.startswith("LOCKED"):
+                return self
+            rc = self.channel.recv_exit_status() if self.channel.exit_status_ready() else None
+            self.channel.close()
+            if rc == BUSY or not line:
+                holder = read_holder(self.t, self.lock)
+                if attempt == 1 and holder is not None and holder.dead_here():
+                    # Its process is gone from this machine; only its orphaned session holds on.
+                    self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
+                    _end_holder(self.t, self.lock, holder)
+                    continue
+                who = holder.describe() if holder else "an unknown holder"
+                raise UserError(f"{self.t.host.name}: {self.lock} is held by {who}; wait for it, or if that "
+                                f"deploy is dead run: fleetspec unlock {self.t.host.name} --force")
+            raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
+        raise RemoteError(f"{self.t.host.name}: could not take {self.lock}")
 
     def __exit__(self, *exc) -> None:
         try:
             self.t.run_script(f"rm -f {q(holder_path(self.lock))}", timeout=30, check=False)
+        except RemoteError:
+            pass    # the host is out of reach: the lock frees itself when our session ends
         finally:
             if self.channel is not None:
                 self.channel.shutdown_write()
@@ -117,10 +131,15 @@ def force_unlock(t, lock: str) -> Holder | None:
     if holder.alive_here():
         raise UserError(f"{t.host.name}: {lock} is held by {holder.describe()}, which is still running; "
                         f"not forcing it")
-    t.run_script(f"kill {int(holder.remote_pid)} 2>/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do "
+    _end_holder(t, lock, holder)
+    return holder
+
+
+def _end_holder(t, lock: str, holder: Holder) -> None:
+    pid = int(holder.remote_pid)   # only ever the holder's `cat`, never a pid reused since
+    t.run_script(f"[ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = cat ] && kill {pid}; for i in 1 2 3 4 5 6 7 8 9 10; do "
                  f"flock -n {q(lock)} true && break; sleep 0.2; done; rm -f {q(holder_path(lock))}",
                  timeout=30, check=False)
-    return holder
 
 
 def _read_line(channel, timeout: float) -> str:

@@ -269,6 +269,7 @@ class Transport:
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         try:
+            chan.settimeout(timeout)       # a dead link must not block a stdin write forever
             chan.exec_command(full)
             if stdin is not None:
                 view = memoryview(stdin)
@@ -276,6 +277,7 @@ class Transport:
                     sent = chan.send(view[:_CHUNK])
                     view = view[sent:]
             chan.shutdown_write()
+            exited_at = None
             while True:
                 if chan.recv_ready():
                     out += chan.recv(_CHUNK)
@@ -284,7 +286,13 @@ class Transport:
                     err += chan.recv_stderr(_CHUNK)
                     continue
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last of the output: read on to EOF
+                    # (a child left running in the background may hold the pipe: then 5 s at most).
+                    if chan.eof_received or chan.closed:
+                        break
+                    exited_at = exited_at or time.monotonic()
+                    if time.monotonic() - exited_at > 5:
+                        break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RemoteError(f"{self.name}: command timed out after {timeout:g}s: {_short(shown)}")
@@ -323,7 +331,23 @@ class Transport:
         with self._lock:
             if self._sftp is None or self._sftp.sock.closed:
                 self._sftp = paramiko.SFTPClient.from_transport(ssh)
+                # Without a timeout a transfer over a link that died blocks until TCP gives up
+                # (~15 min): fail once no byte moved for this long.
+                self._sftp.get_channel().settimeout(self.io_timeout)
             return self._sftp
+
+    @property
+    def io_timeout(self) -> float:
+        return float(min(self.host.command_timeout, 60))
+
+    def _drop_sftp(self) -> None:
+        with self._lock:
+            sftp, self._sftp = self._sftp, None
+        if sftp is not None:
+            try:
+                sftp.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
 
     def put_bytes(self, data: bytes, path: str, mode: int = 0o644) -> None:
         """Write `path` atomically: a temp file beside it, chmod, then rename over the target."""
@@ -341,6 +365,10 @@ class Transport:
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, path)
         except (OSError, paramiko.SSHException) as err:
+            if isinstance(err, (socket.timeout, TimeoutError)):
+                self._drop_sftp()
+                raise RemoteError(f"{self.name}: connection lost while writing {path}: no progress for "
+                                  f"{self.io_timeout:g}s") from None
             try:
                 sftp.remove(tmp)
             except (OSError, paramiko.SSHException):
@@ -358,6 +386,10 @@ class Transport:
         except FileNotFoundError:
             raise RemoteError(f"{self.name}: {path}: no such file") from None
         except (OSError, paramiko.SSHException) as err:
+            if isinstance(err, (socket.timeout, TimeoutError)):
+                self._drop_sftp()
+                raise RemoteError(f"{self.name}: connection lost while reading {path}: no progress for "
+                                  f"{self.io_timeout:g}s") from None
             raise RemoteError(f"{self.name}: cannot read {path}: {err}") from None
 
     # ---- HTTP over the SSH connection --------------------------------------------------------

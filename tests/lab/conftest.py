@@ -56,3 +56,16 @@ def lab_fleet():
     yield fleet
     if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
         lab.down(ROOT)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The reliability suite's counts (faults injected, cases tried), when it ran."""
+    import sys
+
+    rel = sys.modules.get("reliability_lab")
+    if rel is None or not rel.COUNTS:
+        return
+    terminalreporter.section("reliability counts")
+    for what, n in sorted(rel.COUNTS.items()):
+        terminalreporter.write_line(f"{n:6d}  {what}")
+    terminalreporter.write_line(f"{sum(n for w, n in rel.COUNTS.items() if w.startswith('faults')):6d}  faults injected in all")

@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock")
+_KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock", "holder")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class ReleaseState:
     last_status: dict[str, Any] | None = None   # the last `"kind": "status"` ledger line
     current_status: dict[str, Any] | None = None  # the last status line of the current release
     locked: bool = False                        # a deploy/rollback holds the lock right now
+    holder: dict[str, Any] | None = None        # who holds it (lock.holder), when locked
 
     @property
     def interrupted(self) -> str | None:
@@ -33,7 +34,11 @@ class ReleaseState:
             return None
         last, status = self.last_entry or {}, self.last_status or {}
         if status and status.get("state") not in L.TERMINAL:
-            where = f"after step {last.get('name')}" if last.get("release") == status.get("release") else ""
+            where = (f"after step {last.get('name')}" if last.get("release") == status.get("release")
+                     and last.get("kind") == "step" else "")
+            if status.get("state") != L.SWITCHED:   # staged: nothing that runs was changed
+                return (f"deploy {status.get('release')} died {where} before switching (host unchanged)"
+                        .replace("  ", " "))
             return (f"deploy {status.get('release')} was interrupted {where} while {status.get('state')}".replace("  ", " ")
                     + "; finish it with: fleetspec rollback")
         if last.get("kind") == "step" and last.get("state") == "started" and last.get("name") != "rollback":
@@ -60,7 +65,8 @@ def command(service: str) -> str:
             f"rid=$(basename \"$(readlink {cur} 2>/dev/null)\"); printf 'current_status='; "
             f"[ -n \"$rid\" ] && grep -F \"\\\"release\\\":\\\"$rid\\\"\" {led} 2>/dev/null | "
             f"grep -E '\"kind\": ?\"status\"' | tail -n 1; echo; "
-            f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; else echo lock=free; fi")
+            f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; "
+            f"printf 'holder='; cat {shlex.quote(str(lay.lock) + '.holder')} 2>/dev/null; echo; else echo lock=free; fi")
 
 
 def parse(stdout: str, service: str = "") -> ReleaseState:
@@ -74,7 +80,8 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
                         current=PurePosixPath(current).name if current else None,
                         baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
                         last_status=_json(values.get("status")), current_status=_json(values.get("current_status")),
-                        locked=values.get("lock") == "held")
+                        locked=values.get("lock") == "held",
+                        holder=_json(values.get("holder")) if values.get("lock") == "held" else None)
 
 
 def _json(text: str | None) -> dict[str, Any] | None:

@@ -1,0 +1,145 @@
+"""Pure and loopback parts of the reliability suite (the lab parts: tests/lab/test_reliability_*.py).
+
+Each test here pins a bug the lab suite found: a command's output cut short when sshd sent the
+exit status before the last bytes; in-place undo of a partly applied release; a stale lock told
+apart from a live one; status telling "host unchanged" from "finish with rollback"; a torn ledger
+line never swallowing the line after it; secrets kept out of drop-ins, plans and ledgers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+from fleetspec.model import ledger as L
+from fleetspec.model.release import Release
+from fleetspec.ops.switching import in_place_apply, in_place_undo
+from fleetspec.remote import files
+from fleetspec.remote.facts import release_state
+from fleetspec.remote.lock import Holder
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+# Transport: the whole output, every time -------------------------------------------------------
+def test_large_outputs_are_never_cut_short(sshd, ssh_client_key, inventory_writer, tmp_path):
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.remote.transport import Transport
+
+    inv = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key))
+    blob = tmp_path / "blob"
+    blob.write_bytes(os.urandom(150_000).hex().encode())      # 300 kB, like a long ledger
+    t = Transport(inv.hosts["h"])
+    try:
+        sizes = {len(t.run_script(f"cat {blob}", timeout=30, check=True).stdout) for _ in range(120)}
+    finally:
+        t.close()
+    assert sizes == {300_000}
+
+
+# In-place undo of a partly applied release --------------------------------------------------------
+def _setup(tmp_path):
+    site, rdir = tmp_path / "site", tmp_path / "release"
+    (site / "sglang/srt").mkdir(parents=True)
+    base = {"sglang/srt/a.py": b"A = 1\n", "sglang/srt/b.py": b"B = 1\n"}
+    new = {"sglang/srt/a.py": b"A = 2\n", "sglang/srt/b.py": b"B = 2\n", "sglang/srt/c.py": b"C = 2\n"}
+    for p, data in base.items():
+        (site / p).write_bytes(data)
+    for p, data in new.items():
+        (rdir / "patch" / p).parent.mkdir(parents=True, exist_ok=True)
+        (rdir / "patch" / p).write_bytes(data)
+    release = Release(id="r", host="h", service="s.service", algo="ddtree", mode="in-place", sglang_version="x",
+                      argv=[], previous="baseline", site_packages=str(site),
+                      files={p: sha(b) for p, b in new.items()},
+                      base_files={"sglang/srt/a.py": sha(base["sglang/srt/a.py"]),
+                                  "sglang/srt/b.py": sha(base["sglang/srt/b.py"]), "sglang/srt/c.py": None})
+    return site, rdir, release, base
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _sh(script):
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+
+
+def test_undo_of_a_release_killed_before_any_backup_changes_nothing(tmp_path):
+    site, rdir, release, base = _setup(tmp_path)
+    before = _tree(site)
+    r = _sh(in_place_undo(release, str(rdir)))          # nothing was backed up, nothing replaced
+    assert r.returncode == 0, r.stderr
+    assert _tree(site) == before
+
+
+def test_undo_of_a_release_killed_halfway_through_replacing(tmp_path):
+    site, rdir, release, base = _setup(tmp_path)
+    before = _tree(site)
+    assert _sh(in_place_apply(release, str(rdir))).returncode == 0
+    (site / "sglang/srt/b.py").write_bytes(base["sglang/srt/b.py"])      # b.py not replaced yet
+    r = _sh(in_place_undo(release, str(rdir)))
+    assert r.returncode == 0, r.stderr
+    assert _tree(site) == before
+
+
+def test_undo_never_overwrites_a_file_it_has_no_verified_backup_for(tmp_path):
+    site, rdir, release, base = _setup(tmp_path)
+    (site / "sglang/srt/a.py").write_bytes(b"EDITED BY HAND\n")
+    r = _sh(in_place_undo(release, str(rdir)))
+    assert r.returncode != 0
+    assert (site / "sglang/srt/a.py").read_bytes() == b"EDITED BY HAND\n"
+
+
+# The lock's holder: stale or alive ----------------------------------------------------------------
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+@pytest.mark.parametrize("machine,pid,remote,dead", [
+    (socket.gethostname(), None, 123, True),           # gone from this machine: stale
+    (socket.gethostname(), os.getpid(), 123, False),   # alive here: never stolen
+    ("elsewhere", None, 123, False),                   # another machine: nobody here can tell
+    (socket.gethostname(), None, None, False),         # no remote pid recorded: never guessed
+])
+def test_a_holder_is_stale_only_when_its_process_is_gone_from_this_machine(machine, pid, remote, dead):
+    h = Holder(who="u", machine=machine, pid=pid or _dead_pid(), since=0, release="r", remote_pid=remote)
+    assert h.dead_here() is dead
+
+
+# Status wording ---------------------------------------------------------------------------------
+def _state(*entries, locked=False):
+    return release_state.ReleaseState(managed=True, current=None, baseline=True, last_entry=entries[-1],
+                                      last_status=[e for e in entries if e["kind"] == "status"][-1], locked=locked)
+
+
+def test_status_tells_a_host_left_unchanged_from_one_to_roll_back():
+    staged = _state({"kind": "status", "release": "r1", "name": "release", "state": "staged"},
+                    {"kind": "step", "release": "r1", "name": "smoke", "state": "started"})
+    assert "before switching (host unchanged)" in staged.interrupted and "rollback" not in staged.interrupted
+    switched = _state({"kind": "step", "release": "r1", "name": "switch", "state": "started"},
+                      {"kind": "status", "release": "r1", "name": "release", "state": "switched"})
+    assert "interrupted" in switched.interrupted and "fleetspec rollback" in switched.interrupted
+    assert "after step release" not in switched.interrupted
+    assert switched.__class__(**{**switched.__dict__, "locked": True}).interrupted is None
+
+
+# The ledger: a torn line never swallows the next one ------------------------------------------------
+def test_a_line_appended_after_a_torn_one_stays_whole(tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text(L.Entry.step("r0", "stage", "started").to_line() + "\n" + '{"by":"x","kind":"st')
+    entry = L.Entry.step("r1", "rollback", "ok")
+    assert _sh(files.append_line(str(ledger), entry.to_line())).returncode == 0
+    parsed = L.parse(ledger.read_text())
+    assert parsed.skipped == [2]
+    assert parsed.entries[-1] == entry
+    assert _sh(files.append_line(str(tmp_path / "new.jsonl"), entry.to_line())).returncode == 0
+    assert (tmp_path / "new.jsonl").read_text() == entry.to_line() + "\n"
