@@ -5,7 +5,9 @@ For N in the sizes asked (default 1 2 4 8), with N lab hosts ct210.. cloned from
   - `deploy --all --algo ddtree` wall time, and fleetspec's own time (wall minus the longest
     host's time waiting for engines to load and for on-host smoke tests, which are the engine's),
   - rollback: time to recovery and fleetspec's overhead beyond the engine's restart and load,
-  - bytes sent per host for a first deploy and for a repeated deploy of the same patch set,
+  - bytes sent per host (the most any host got) for the first deploy of the run and for a
+    repeated deploy of the same patch set (a host deployed in an earlier size's run counts as
+    repeated: the content-addressed store already has every file),
   - peak memory (RSS) of the fleetspec process on the deploy,
 each with its ratio against N = 1. Every fleetspec call is the real CLI in a child process.
 
@@ -63,7 +65,7 @@ def measure(n: int, runs: int) -> dict:
         status_walls.append(wall)
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
     for i in range(runs):
-        r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+        r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
         outs = json_lines(r.stdout)
         if r.returncode != 0 or len(outs) != n:
             raise SystemExit(f"deploy failed at N={n}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
@@ -71,7 +73,7 @@ def measure(n: int, runs: int) -> dict:
         deploy_walls.append(wall)
         own.append(wall - engine)
         rss.append(peak)
-        (first_bytes if i == 0 else repeat_bytes).append(statistics.fmean(sent_bytes(o["host"], o["release"]) for o in outs))
+        (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs))
         r, wall, _ = fs("rollback", *hosts, "--json")
         for o in json_lines(r.stdout):
             recover.append(o["seconds"])
