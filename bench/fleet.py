@@ -5,9 +5,8 @@ For N in the sizes asked (default 1 2 4 8), with N lab hosts ct210.. cloned from
   - `deploy --all --algo ddtree` wall time, and fleetspec's own time (wall minus the longest
     host's time waiting for engines to load and for on-host smoke tests, which are the engine's),
   - rollback: time to recovery and fleetspec's overhead beyond the engine's restart and load,
-  - bytes sent per host (the most any host got) for the first deploy of the run and for a
-    repeated deploy of the same patch set (a host deployed in an earlier size's run counts as
-    repeated: the content-addressed store already has every file),
+  - bytes sent per host (the most any host got) for a first deploy (each size starts its hosts
+    with no fleetspec state) and for a repeated deploy of the same patch set,
   - peak memory (RSS) of the fleetspec process on the deploy,
 each with its ratio against N = 1. Every fleetspec call is the real CLI in a child process.
 
@@ -59,6 +58,7 @@ def measure(n: int, runs: int) -> dict:
     subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts", ",".join(hosts)],
                    check=True, timeout=3600)
     targets = hosts
+    fresh_hosts(hosts)
     status_walls = []
     for _ in range(runs):
         r, wall, _ = fs("status", *targets, "--json")
@@ -83,6 +83,14 @@ def measure(n: int, runs: int) -> dict:
             "rollback_overhead_s": statistics.median(overhead), "first_deploy_bytes": statistics.median(first_bytes),
             "repeat_deploy_bytes": statistics.median(repeat_bytes) if repeat_bytes else None,
             "peak_rss_mib": round(max(rss) / 1024, 1)}
+
+
+def fresh_hosts(hosts: list[str]) -> None:
+    """Bench hosts start each size with no fleetspec state, so 'bytes first' is a first contact."""
+    from fleetspec.lab import lab, ssh
+
+    for host in hosts:
+        ssh.run(ROOT, lab.address_of(host), "rm -rf /var/lib/fleetspec", timeout=60)
 
 
 def table(rows: list[dict]) -> str:
