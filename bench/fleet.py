@@ -75,6 +75,8 @@ def measure(n: int, runs: int) -> dict:
         rss.append(peak)
         (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs))
         r, wall, _ = fs("rollback", *hosts, "--json")
+        if r.returncode != 0:
+            raise SystemExit(f"rollback failed at N={n}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
         for o in json_lines(r.stdout):
             recover.append(o["seconds"])
             overhead.append(o["seconds"] - o["engine_wait_s"])
@@ -86,11 +88,21 @@ def measure(n: int, runs: int) -> dict:
 
 
 def fresh_hosts(hosts: list[str]) -> None:
-    """Bench hosts start each size with no fleetspec state, so 'bytes first' is a first contact."""
+    """Bench hosts start each size on their own unit with no fleetspec state (so 'bytes first'
+    is a first contact), whatever an interrupted earlier run left."""
     from fleetspec.lab import lab, ssh
 
+    reset = ("rm -f /etc/systemd/system/sglang-qwen.service.d/50-fleetspec.conf && rm -rf /var/lib/fleetspec && "
+             "systemctl daemon-reload && systemctl restart sglang-qwen.service")
     for host in hosts:
-        ssh.run(ROOT, lab.address_of(host), "rm -rf /var/lib/fleetspec", timeout=60)
+        ssh.run(ROOT, lab.address_of(host), reset, timeout=120)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        r, _, _ = fs("status", *hosts, "--json")
+        if all(row["health"] == "ok" for row in json_lines(r.stdout)):
+            return
+        time.sleep(2)
+    raise SystemExit(f"bench hosts not healthy after reset: {r.stdout}")
 
 
 def table(rows: list[dict]) -> str:

@@ -153,6 +153,7 @@ def run(t, req, echo=print) -> Preflight:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
                         f"check vars.service in {host.inventory_path}")
     unit_bytes, dropins, dropin_texts = read_unit_files(t, unit)
+    check_orphan_dropin(state, unit, host)
     try:
         exec_argv = effective_argv(unit_bytes, dropin_texts)
     except ValueError as err:
@@ -215,6 +216,16 @@ def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
     """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
     (fleetspec's own drop-in is left out by read_unit_files)."""
     return unitfile.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+
+
+def check_orphan_dropin(state: HostState, unit, host) -> None:
+    """fleetspec's drop-in without fleetspec's state (the folder was deleted or the disk lost):
+    the service runs a release nobody can describe, so no baseline may be taken from it."""
+    if any(PurePosixPath(p).name == DROPIN_NAME for p in unit.dropin_paths) and state.read_baseline() is None:
+        raise NeedsAttention(
+            f"{host.name}: {state.dropin} is there but {state.layout.baseline} is not: fleetspec's state was "
+            f"lost while a release was active; check the unit, remove the drop-in, reload and restart, then retry",
+            f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
 
 
 def check_interrupted(state: HostState, host: str) -> None:
