@@ -7,7 +7,7 @@ For N in the sizes asked (default 1 2 4 8), with N lab hosts ct210.. cloned from
   - rollback: time to recovery and fleetspec's overhead beyond the engine's restart and load,
   - bytes sent per host (the most any host got) for a first deploy (each size starts its hosts
     with no fleetspec state) and for a repeated deploy of the same patch set,
-  - peak memory (RSS) of the fleetspec process on the deploy,
+  - peak memory (RSS) and CPU time (user+sys) of the fleetspec process on the deploy,
 each with its ratio against N = 1. Every fleetspec call is the real CLI in a child process.
 
     python3 bench/fleet.py [--sizes 1 2 4 8] [--runs 3] [--out bench/RESULTS.md]
@@ -28,6 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+CPU: dict[str, float] = {}   # the latest child's user+sys CPU seconds, from wait4
+
+
 def fs(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float, int]:
     """Run the CLI; (result, wall seconds, peak RSS in KiB of that child, from wait4)."""
     cmd = [sys.executable, "-m", "fleetspec", "--root", str(ROOT), *args]
@@ -36,6 +39,7 @@ def fs(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, 
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
+        CPU["last"] = usage.ru_utime + usage.ru_stime
         wall = time.monotonic() - t0
         out.seek(0), err.seek(0)
         return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), wall, usage.ru_maxrss
@@ -64,6 +68,7 @@ def measure(n: int, runs: int) -> dict:
         r, wall, _ = fs("status", *targets, "--json")
         status_walls.append(wall)
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
+    client_cpu = []
     for i in range(runs):
         r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
         outs = json_lines(r.stdout)
@@ -72,6 +77,7 @@ def measure(n: int, runs: int) -> dict:
         engine = max(o["engine_wait_s"] + o["step_seconds"].get("smoke", 0) for o in outs)
         deploy_walls.append(wall)
         own.append(wall - engine)
+        client_cpu.append(CPU["last"])
         rss.append(peak)
         (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs))
         r, wall, _ = fs("rollback", *hosts, "--json")
@@ -81,7 +87,8 @@ def measure(n: int, runs: int) -> dict:
             recover.append(o["seconds"])
             overhead.append(o["seconds"] - o["engine_wait_s"])
     return {"n": n, "status_s": statistics.median(status_walls), "deploy_s": statistics.median(deploy_walls),
-            "deploy_own_s": statistics.median(own), "rollback_recovery_s": statistics.median(recover),
+            "deploy_own_s": statistics.median(own), "deploy_client_cpu_s": statistics.median(client_cpu),
+            "rollback_recovery_s": statistics.median(recover),
             "rollback_overhead_s": statistics.median(overhead), "first_deploy_bytes": statistics.median(first_bytes),
             "repeat_deploy_bytes": statistics.median(repeat_bytes) if repeat_bytes else None,
             "peak_rss_mib": round(max(rss) / 1024, 1)}
@@ -109,6 +116,7 @@ def table(rows: list[dict]) -> str:
     base = rows[0]
     cols = [("N", "n", "{}"), ("status --all s", "status_s", "{:.2f}"), ("x N=1", "status_s", "ratio"),
             ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"), ("own x N=1", "deploy_own_s", "ratio"),
+            ("client CPU s", "deploy_client_cpu_s", "{:.2f}"),
             ("rollback s", "rollback_recovery_s", "{:.1f}"), ("rollback overhead s", "rollback_overhead_s", "{:.2f}"),
             ("bytes first", "first_deploy_bytes", "{:.0f}"), ("bytes repeat", "repeat_deploy_bytes", "{}"),
             ("peak RSS MiB", "peak_rss_mib", "{}")]
