@@ -6,9 +6,31 @@ import json
 import shlex
 from dataclasses import dataclass
 
+# Importing torch costs seconds of host CPU on every preflight, so the build facts (version, CUDA
+# build, C++ ABI, arch list) are cached on the host, keyed by the stat of torch's version.py and
+# its _C extension: reinstalling or upgrading torch rewrites them, and changes the key.
 SNIPPET = r'''
-import json, sys
+import glob, hashlib, importlib.util, json, os, sys
 out = {"python_tag": "cp%d%d" % sys.version_info[:2], "version": None, "cuda": None, "cxx11_abi": None}
+CACHE_DIR = os.environ.get("FLEETSPEC_FACT_CACHE", "/var/cache/fleetspec")
+key, cache_file = None, None
+try:
+    spec = importlib.util.find_spec("torch")
+    root = os.path.dirname(spec.origin) if spec and spec.origin else None
+    if root:
+        parts = [sys.executable]
+        for f in [os.path.join(root, "version.py")] + sorted(glob.glob(os.path.join(root, "_C*.so"))):
+            st = os.stat(f)
+            parts.append("%s:%d:%d:%d:%d" % (f, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        key = "|".join(parts)
+        cache_file = os.path.join(CACHE_DIR, "torch-%s.json" % hashlib.sha256(sys.executable.encode()).hexdigest()[:16])
+        with open(cache_file) as fh:
+            cached = json.load(fh)
+        if cached.get("key") == key:
+            print(json.dumps(dict(cached["facts"], cached=True)))
+            sys.exit(0)
+except (OSError, ValueError):
+    pass
 try:
     import torch
     out["version"] = torch.__version__
@@ -19,6 +41,15 @@ try:
         out["arch_list"] = torch.cuda.get_arch_list() if out["cuda_available"] else []
     except Exception:
         out["cuda_available"] = False
+    if key and cache_file:
+        try:
+            os.makedirs(CACHE_DIR, exist_ok=True)
+            tmp = "%s.%d.tmp" % (cache_file, os.getpid())
+            with open(tmp, "w") as fh:
+                json.dump({"key": key, "facts": out}, fh)
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass
 except Exception as err:
     out["error"] = "%s: %s" % (type(err).__name__, err)
 print(json.dumps(out))
