@@ -106,6 +106,10 @@ def resolve_options(playbook: Playbook, overrides: Mapping[str, Any], hybrid: bo
     rule = playbook.hybrid
     if rule is not None:
         value = values[rule.option]
+        known = dict.fromkeys(["auto", rule.auto, rule.otherwise, *rule.refuse])
+        if value not in known:   # a typo (shadow_linear) must not slip past the hybrid guard
+            raise UserError(f"--set {rule.option}={value}: expected one of {', '.join(known)} "
+                            f"({playbook.path.name} hybrid rule)")
         if value == "auto":
             values[rule.option] = rule.auto if hybrid else rule.otherwise
             kind = "hybrid" if hybrid else "pure-attention"

@@ -100,7 +100,8 @@ def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only
         failures += sum(1 for h in batch if outcomes[h.name].status not in ("healthy", "planned"))
         if failures > strategy.max_fail:
             label = "canary" if (number == 0 and strategy.canary) else f"batch {number + 1}"
-            echo(f"stopping: {failures} failed host(s) after {label} (--max-fail {strategy.max_fail})")
+            if len(outcomes) < len(hosts):      # said only when it stops hosts from starting
+                echo(f"stopping: {failures} failed host(s) after {label} (--max-fail {strategy.max_fail})")
             stop.set()
     skipped = [h for h in hosts if h.name not in outcomes]
     for h in skipped:
