@@ -7,7 +7,7 @@ since the live ExecStart would then be fleetspec's, not the operator's.
 
 from __future__ import annotations
 
-from fleetspec.errors import UserError
+from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.ops import preflight
 from fleetspec.ops.hoststate import HostState
@@ -27,7 +27,10 @@ def retake(t, host, root) -> str:
         from fleetspec.remote.facts import sglang as sglang_fact
 
         view.sglang = facts.gather(t, sglang_fact, python=host.vars.python)
-        old = state.read_baseline()
+        try:
+            old = state.read_baseline()
+        except FleetspecError:        # a corrupt one with no verified copy: retaking is the way out
+            old = None
         new = preflight.take_baseline(t, view)
         state.write_baseline(new, replace=True)
         state.record(L.Entry.step("baseline", "retake", "ok", old_unit_sha256=old.unit_sha256 if old else None,

@@ -85,6 +85,10 @@ class Deploy:
     # The operation --------------------------------------------------------------------------
     def run(self) -> DeployOutcome:
         self.pf = preflight_mod.run(self.t, self.req, self.echo)       # read-only; refuses bad input
+        self.state.redact = self.pf.redact                              # no secret in the ledger …
+        echo, progress = self.echo, self.progress                       # … nor on the terminal
+        self.echo = lambda line: echo(self.pf.redact(line))
+        self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome("planned", plan=switching.plan(self.t, self.pf, self.state))
         with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
@@ -157,6 +161,8 @@ class Deploy:
 
     def _baseline(self) -> dict:
         baseline = self.state.read_baseline()
+        if self.state.repaired:
+            self.echo(self.state.repaired)
         if baseline is None:
             baseline = preflight_mod.take_baseline(self.t, self.pf)
             self.state.write_baseline(baseline)
@@ -288,5 +294,8 @@ class Deploy:
         if command:
             out.evidence["command"] = command
         out.step_seconds = dict(self.step_seconds)
+        if self.pf is not None:
+            out.reason = self.pf.redact(out.reason)
+            out.evidence = json.loads(self.pf.redact(json.dumps(out.evidence, default=str)))
         return out
 

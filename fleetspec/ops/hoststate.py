@@ -32,14 +32,18 @@ class HostState:
     host: str
     service: str
     mirror: Path | None = None    # local folder for the ledger/baseline copies
+    redact: object = None         # text -> text: secrets out of every ledger line (set by deploy)
 
     def __post_init__(self):
         self.layout = HostLayout(self.service)
         self.dropin = dropin_path(self.service)
+        self.repaired: str | None = None       # said by read_baseline when it put the baseline back
 
     # ledger -----------------------------------------------------------------------------
     def record(self, entry: ledger_model.Entry) -> None:
         line = entry.to_line()
+        if self.redact is not None:
+            line = self.redact(line)
         self.t.run_script(f"mkdir -p {q(str(self.layout.base))} && chmod 0755 {q(str(self.layout.base))} && "
                           + files.append_line(str(self.layout.ledger), line), timeout=30, check=True)
         if self.mirror:
@@ -52,10 +56,36 @@ class HostState:
         return ledger_model.parse(text)
 
     # baseline ---------------------------------------------------------------------------
-    def read_baseline(self) -> Baseline | None:
-        text = self.t.run_script(files.read_optional(str(self.layout.baseline / "baseline.json"), ABSENT),
-                                 timeout=30, check=True).stdout
-        return None if text == ABSENT else Baseline.from_json(text)
+    def read_baseline(self, repair: bool = True) -> Baseline | None:
+        """The recorded baseline. A host copy that no longer verifies (its own sha256s) is put back
+        from the fleet root's mirror when that one verifies (`repair`, under the lock; else the
+        mirror's copy is only read); otherwise it is refused, never guessed."""
+        path = str(self.layout.baseline / "baseline.json")
+        text = self.t.run_script(files.read_optional(path, ABSENT), timeout=30, check=True).stdout
+        if text == ABSENT:
+            return None
+        try:
+            return Baseline.from_json(text)
+        except (ValueError, KeyError, TypeError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        local = self.mirror / "baseline.json" if self.mirror else None
+        try:
+            good = Baseline.from_json(local.read_text()) if local and local.is_file() else None
+        except (ValueError, KeyError, TypeError):
+            good = None
+        if good is None or good.service != self.service:
+            from fleetspec.errors import NeedsAttention
+
+            raise NeedsAttention(f"{self.host}: the baseline {path} is corrupt ({problem[:120]}) and this fleet "
+                                 f"root holds no verified copy of it; restore it from a backup, or if the service "
+                                 f"is on its original setup now, record that",
+                                 f"fleetspec baseline {self.host} --retake")
+        if repair:
+            self.write_baseline(good, replace=True)
+            self.record(ledger_model.Entry.step("baseline", "repair", "ok", reason=problem[:200],
+                                                from_mirror=str(local), unit_sha256=good.unit_sha256))
+            self.repaired = f"{self.host}: the baseline on the host was corrupt ({problem[:80]}); repaired from {local}"
+        return good
 
     def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> None:
         """Build baseline.tmp/, then rename it into place: a baseline is whole or absent."""

@@ -9,6 +9,7 @@ kernels' ABI matches, hybrid guard, disk, model paths.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from fleetspec.remote.facts import unitfile
 
 q = shlex.quote
 MIN_FREE_BYTES = 256 * 1024 * 1024
+MAX_PATCH_FILE = 64 * 1024 * 1024      # a module; anything bigger is a mistake, and it is read into memory
 
 
 @dataclass
@@ -127,11 +129,12 @@ class Preflight:
     def probe_spec(self, expected: str | None) -> probes.ProbeSpec:
         return probes.spec_for_host(self.host, expected, self.playbook.probes)
 
+    def secret_values(self) -> dict[str, str]:
+        """launch.secret_env: each name's value from fleetspec's own environment (checked by run())."""
+        return {name: os.environ[name] for name in self.playbook.launch.secret_env}
+
     def redact(self, text: str) -> str:
-        secrets = [self.host.vars.api_key.value()] if self.host.vars.api_key else []
-        for value in filter(None, secrets):
-            text = text.replace(value, "<redacted>")
-        return text
+        return redact(text, self.host, self.playbook)
 
     def gate_names(self) -> list[str]:
         g = self.playbook.gates
@@ -143,10 +146,37 @@ class Preflight:
                 "patchset": self.patchset_name, "argv": self.new_argv}
 
 
+def secrets_of(host, playbook) -> list[str]:
+    """Every secret value fleetspec holds for this host and playbook (never printed or recorded)."""
+    values = [host.vars.api_key.value()] if host.vars.api_key else []
+    values += [os.environ.get(name) for name in playbook.launch.secret_env]
+    return [v for v in values if v]
+
+
+def redact(text: str, host, playbook) -> str:
+    for value in sorted(secrets_of(host, playbook), key=len, reverse=True):
+        for form in dict.fromkeys([value, json.dumps(value)[1:-1]]):
+            text = text.replace(form, "<redacted>")
+    return text
+
+
+def check_secret_env(host, playbook) -> None:
+    for name in playbook.launch.secret_env:
+        if not (name[:1].isalpha() or name[:1] == "_") or not name.replace("_", "a").isalnum():
+            raise UserError(f"{playbook.path}: launch.secret_env: {name!r} is not an environment variable name")
+        value = os.environ.get(name)
+        if value is None or value == "":
+            raise UserError(f"{host.name}: {playbook.path}: launch.secret_env names {name}, which is not set in "
+                            f"fleetspec's environment")
+        if "\n" in value or "\0" in value:
+            raise UserError(f"{host.name}: the value of {name} (launch.secret_env) holds a newline or NUL")
+
+
 def run(t, req, echo=print) -> Preflight:
     host, playbook = req.host, req.playbook
     service, python = host.vars.service, host.vars.python
     state = HostState(t, host.name, service)
+    check_secret_env(host, playbook)           # before the host is even contacted
 
     unit = gather_unit(t, service)
     if unit.load_state != "loaded" or not unit.fragment_path:
@@ -159,7 +189,8 @@ def run(t, req, echo=print) -> Preflight:
     except ValueError as err:
         raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
     check_interrupted(state, host.name)
-    check_unit_drift(state, host.name, service, unit_bytes, dropins)
+    mirrored = HostState(t, host.name, service, mirror=req.root / ".fleetspec" / "hosts" / host.name / service)
+    check_unit_drift(mirrored, host.name, service, unit_bytes, dropins)
     if unit.active_state != "active":
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
                              f"moves a running service", f"ssh {host.address} systemctl status {service}")
@@ -181,18 +212,22 @@ def run(t, req, echo=print) -> Preflight:
 
     patchset = select_patchset(t, playbook, sg, host.name)
     kernels = load_kernels(playbook, tv, host.name)
-    if disk is not None and getattr(disk, "free_bytes", None) is not None and disk.free_bytes < MIN_FREE_BYTES:
+    payload = _payload_bytes(patchset, kernels)
+    need = MIN_FREE_BYTES + 2 * payload          # the uploaded objects, then their copies in the release
+    if disk is not None and getattr(disk, "free_bytes", None) is not None and disk.free_bytes < need:
         raise UserError(f"{host.name}: only {disk.free_bytes // 2**20} MiB free under /var/lib; "
-                        f"need {MIN_FREE_BYTES // 2**20} MiB")
+                        f"need {need // 2**20} MiB")
     check_paths(t, host, playbook)
     notes.extend(check_gpus(host, gpus))
+    pf = Preflight(host=host, root=req.root, playbook=playbook, service=service, python=python, unit=unit,
+                   unit_bytes=unit_bytes, dropins=dropins, exec_argv=exec_argv, sglang=sg, torch=tv,
+                   hybrid=hybrid, options=options, new_argv=new_argv, patchset=patchset, kernels=kernels,
+                   notes=notes, guard=playbook.guard,
+                   keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)))
+    check_templates(pf)
     for note in notes:
         echo(note)
-    return Preflight(host=host, root=req.root, playbook=playbook, service=service, python=python, unit=unit,
-                     unit_bytes=unit_bytes, dropins=dropins, exec_argv=exec_argv, sglang=sg, torch=tv,
-                     hybrid=hybrid, options=options, new_argv=new_argv, patchset=patchset, kernels=kernels,
-                     notes=notes, guard=playbook.guard,
-                     keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)))
+    return pf
 
 
 # Pieces -------------------------------------------------------------------------------------------
@@ -244,7 +279,7 @@ def check_interrupted(state: HostState, host: str) -> None:
 def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict) -> None:
     """A unit edited by hand since the baseline is refused before anything is locked or written:
     the baseline is never silently replaced, and a deploy never builds on a state nobody recorded."""
-    baseline = state.read_baseline()
+    baseline = state.read_baseline(repair=False)      # read-only here; the locked baseline step repairs
     drift = baseline.differences(unit_bytes, dropins) if baseline is not None else []
     if drift:
         raise NeedsAttention(f"{host}: {service} changed by hand since the baseline: {'; '.join(drift)}; "
@@ -278,11 +313,58 @@ def select_patchset(t, playbook, sg, host: str):
 
     folder = pick(playbook.patchsets, sg.version, host=host)
     patchset = load_patchset(folder)
+    check_contents(patchset)
     try:
         check_base(patchset, sg.version, installed_hashes(t, sg.site_packages, patchset))
     except UserError as err:
         raise UserError(f"{host}: {err}") from None
     return patchset
+
+
+def check_templates(pf: Preflight) -> None:
+    """Render the drop-in once here, so a broken template is bad input (exit 2) found before the
+    host is locked or written to, not an internal error half-way through a deploy."""
+    import jinja2
+
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.release import BASELINE, Release
+    from fleetspec.ops import switching
+
+    fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
+                   sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE)
+    try:
+        switching.dropin_text(pf, fake)
+    except jinja2.TemplateError as err:
+        where = getattr(err, "filename", None) or str(pf.root / "templates" / "fleetspec-dropin.conf.j2")
+        line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
+        raise ConfigError(where, None, f"a template that renders ({type(err).__name__}{line}: {err})") from None
+
+
+def check_contents(patchset) -> None:
+    """Every file is what the manifest says (an edit after `patchset build` is refused, not shipped)
+    and of a sane size (checked before anything is read)."""
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.patchset import FILES, sha256_file
+
+    for i, entry in enumerate(patchset.files):
+        src = patchset.source(entry)
+        size = src.stat().st_size
+        if size > MAX_PATCH_FILE:
+            raise ConfigError(patchset.manifest_path, f"files[{i}] ({entry.path})",
+                              f"a file of at most {MAX_PATCH_FILE // 2**20} MiB; {FILES}/{entry.path} is "
+                              f"{size // 2**20} MiB")
+        got = sha256_file(src)
+        if got != entry.sha256:
+            raise ConfigError(patchset.manifest_path, f"files[{i}] ({entry.path}).sha256",
+                              f"the sha256 of {FILES}/{entry.path}, which is now {got} (changed since the patch set "
+                              f"was built; rebuild it with fleetspec patchset build)")
+
+
+def _payload_bytes(patchset, kernels) -> int:
+    total = sum(patchset.source(f).stat().st_size for f in patchset.files) if patchset else 0
+    for kernel in kernels:
+        total += kernel.path.stat().st_size
+    return total
 
 
 def installed_hashes(t, site_packages: str, patchset) -> dict[str, str]:
@@ -299,10 +381,17 @@ def load_kernels(playbook, torch_facts, host: str) -> list:
         return []
     from fleetspec.model.kernel import check_abi, find_built_kernel
 
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.kernel import KERNEL_JSON
+    from fleetspec.model.patchset import sha256_file
+
     out = []
     for folder in playbook.kernels:
         kernel = find_built_kernel(folder, torch_facts)
         check_abi(kernel, torch_facts, host=host)
+        if sha256_file(kernel.path) != kernel.sha256:     # here, not half-way through staging
+            raise ConfigError(kernel.spec.root / KERNEL_JSON, "build.sha256",
+                              f"the sha256 of {kernel.library_file} (it changed since the build)")
         out.append(kernel)
     return out
 

@@ -43,6 +43,8 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
     target = to or BASELINE
     with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo):
         baseline = state.read_baseline()
+        if state.repaired:
+            echo(state.repaired)
         if baseline is None:
             raise UserError(f"{host.name}: no baseline recorded for {host.vars.service}: fleetspec never changed it")
         ledger = state.ledger()

@@ -118,7 +118,10 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         else:
             row.drift = f"{n} files differ" if n else "pristine"
     if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
-        row.unit_drift = _unit_drift(t, host, unit)
+        try:
+            row.unit_drift = _unit_drift(t, host, unit)
+        except FleetspecError as err:       # e.g. a corrupt baseline: said, and the row goes on
+            row.notes.append(_short_error(err))
         if row.unit_drift:
             row.drift = f"unit edited by hand; {row.drift}"
             row.notes.append(f"{host.name}: {'; '.join(row.unit_drift)} since the baseline; review it, then run: "
@@ -133,7 +136,7 @@ def _unit_drift(t, host: Host, unit) -> list[str]:
     from fleetspec.ops.hoststate import HostState
     from fleetspec.ops.preflight import read_unit_files
 
-    baseline = HostState(t, host.name, host.vars.service).read_baseline()
+    baseline = HostState(t, host.name, host.vars.service).read_baseline(repair=False)
     if baseline is None or not unit.fragment_path:
         return []
     unit_bytes, dropins, _ = read_unit_files(t, unit)

@@ -78,6 +78,10 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
         notes=list(pf.notes), site_packages=pf.sglang.site_packages,
         base_files={f.path: f.base_sha256 for f in pf.patchset.files} if pf.patchset else {},
     )
+    secrets = pf.secret_values()
+    if secrets:
+        t.run_script(f"mkdir -m 0700 {q(tmp + '/secrets')}", timeout=30, check=True)
+        t.put_bytes(env_file_text(secrets).encode(), f"{tmp}/{SECRETS_FILE}", mode=0o600)
     t.put_bytes(release.to_json().encode(), f"{tmp}/manifest.json", mode=0o644)
     t.run_script(f"rm -rf {q(final)} && mv -T {q(tmp)} {q(final)}", timeout=60, check=True)
     return release
@@ -159,8 +163,20 @@ def _env(root: Path):
     return env
 
 
+SECRETS_FILE = "secrets/env"      # in the release folder: the folder 0700, the file 0600
+
+
+def env_file_text(values: dict[str, str]) -> str:
+    """An EnvironmentFile= body: NAME="value", with \\ " ` $ escaped as systemd's parser wants."""
+    def esc(v: str) -> str:
+        return "".join("\\" + c if c in '\\"`$' else c for c in v)
+    return "".join(f'{k}="{esc(v)}"\n' for k, v in values.items())
+
+
 def dropin_text(pf, release: Release) -> str:
     env_lines = [render.environment_line(k, v) for k, v in pf.environment(release).items()]
+    if pf.playbook.launch.secret_env:   # values never in the drop-in (0644): a file only root reads
+        env_lines.append(f"EnvironmentFile={pf.layout.release(release.id)}/{SECRETS_FILE}")
     return _env(pf.root).get_template("fleetspec-dropin.conf.j2").render(
         release=release, rendered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         release_dir=str(pf.layout.release(release.id)), exec_line=render.exec_line(release.argv),
@@ -211,10 +227,11 @@ def lint_unit(t, pf, dropin: str) -> str:
     t.put_bytes(dropin.encode(), f"{unit}.d/50-fleetspec.conf", mode=0o644)
     r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no {q(unit)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
                      timeout=60, check=False)
-    bad = [line for line in (r.stderr + r.stdout).splitlines()
-           if "50-fleetspec.conf" in line or "ExecStart" in line or "Invalid" in line]
-    if r.rc != 0 and bad:
-        raise FleetspecError("systemd-analyze verify refused the rendered unit: " + " | ".join(bad[:3]))
+    lines = (r.stderr + r.stdout).splitlines()
+    bad = [line for line in lines if "50-fleetspec.conf" in line or "ExecStart" in line or "Invalid" in line]
+    ours = [line for line in lines if "50-fleetspec.conf" in line]   # a setting systemd would ignore
+    if (r.rc != 0 and bad) or ours:
+        raise FleetspecError("systemd-analyze verify refused the rendered unit: " + " | ".join((ours or bad)[:3]))
     return "ok" if r.rc == 0 else "warnings: " + " | ".join((r.stderr + r.stdout).strip().splitlines()[:2])
 
 
@@ -374,7 +391,7 @@ def plan(t, pf, state: HostState) -> dict:
         "host": pf.host.name, "service": pf.service, "sglang": pf.sglang.version,
         "algo": pf.playbook.algo, "expected_algorithm": pf.playbook_algorithm,
         "notes": list(pf.notes), "options": dict(pf.options.values),
-        "execstart_diff": "".join(diff), "dropin": pf.redact(dropin),
+        "execstart_diff": pf.redact("".join(diff)), "dropin": pf.redact(dropin),
         "files": {p: _sha(b) for p, b in pf.patch_files().items()},
         "kernels": {n: _sha(b) for n, b in pf.kernel_files().items()},
         "smoke": [name for name, _, _ in pf.smoke_scripts(kernels_dir="<release>/kernels")],

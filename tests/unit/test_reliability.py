@@ -143,3 +143,17 @@ def test_a_line_appended_after_a_torn_one_stays_whole(tmp_path):
     assert parsed.entries[-1] == entry
     assert _sh(files.append_line(str(tmp_path / "new.jsonl"), entry.to_line())).returncode == 0
     assert (tmp_path / "new.jsonl").read_text() == entry.to_line() + "\n"
+
+
+# systemctl show with an argv word that holds a newline ------------------------------------------
+def test_systemctl_show_with_a_newline_in_an_argv_word_parses():
+    from fleetspec.remote.facts import systemd
+
+    out = ("Result=success\nNRestarts=0\nExecStart={ path=/opt/venv/bin/python3 ; argv[]=/opt/venv/bin/python3 "
+           "-m sglang.launch_server --served-model-name a b %s $HOME ;\nsecond line=x\\x41 --port 30000 ; "
+           "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n"
+           "MainPID=42\nActiveState=active\nSubState=running\nLoadState=loaded\nUnitFileState=enabled\n"
+           "FragmentPath=/etc/systemd/system/x.service\nDropInPaths=\nEnvironment=\n")
+    unit = systemd.parse(out, "x.service")
+    assert (unit.active_state, unit.sub_state, unit.main_pid, unit.unit_file_state) == ("active", "running", 42, "enabled")
+    assert unit.argv[-2:] == ["--port", "30000"] and "$HOME ;\nsecond" in " ".join(unit.argv)

@@ -20,7 +20,7 @@ NO_SYSTEMCTL = "__FLEETSPEC_NO_SYSTEMCTL__"
 _EXEC = re.compile(
     r"^\{ path=(?P<path>.*?) ; argv\[\]=(?P<argv>.*) ; ignore_errors=(?P<ignore>yes|no) ; "
     r"start_time=\[(?P<start>[^\]]*)\] ; stop_time=\[(?P<stop>[^\]]*)\] ; pid=(?P<pid>\d+) ; "
-    r"code=(?P<code>\S+) ; status=(?P<status>\S*) \}$")
+    r"code=(?P<code>\S+) ; status=(?P<status>\S*) \}$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,17 @@ def parse(stdout: str, service: str = "") -> SystemdUnit:
     if stdout.strip() == NO_SYSTEMCTL:
         return SystemdUnit(unit=service, available=False)
     raw: dict[str, list[str]] = {}
-    for line in stdout.split("\n"):  # not splitlines(): argv words may hold \x85, \u2028 …
-        if not line.strip():
-            continue
+    last = None
+    text = stdout[:-1] if stdout.endswith("\n") else stdout
+    for line in text.split("\n"):  # not splitlines(): argv words may hold \x85, \u2028 …
         key, sep, value = line.partition("=")
-        if not sep:
+        if sep and key in PROPERTIES:
+            raw.setdefault(key, []).append(value)
+            last = key
+        elif last is not None:       # systemctl prints an argv word's newline as is: same value
+            raw[last][-1] += "\n" + line
+        elif line.strip():
             raise ValueError(f"unexpected line {line[:80]!r}")
-        raw.setdefault(key, []).append(value)
     one = lambda k: raw.get(k, [None])[-1] or None  # noqa: E731
     env: dict[str, str] = {}
     for value in raw.get("Environment", []):
