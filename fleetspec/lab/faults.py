@@ -2,8 +2,9 @@
 
 Faults live in /etc/fleetspec-lab/faults.json on the host; the engine stand-in reads it at start
 (crash_at_start, hang_at_start, slow_load) and per request (the rest), so start-time faults bite
-at the next (re)start of the service. disk_full is real: /var/lib/fleetspec is swapped for a full
-tmpfs holding a copy of its contents, so writes there fail with ENOSPC; --clear copies back.
+at the next (re)start of the service. disk_full is real: /var/lib/fleetspec is overlaid with a full
+tmpfs as its writable layer, so it reads as before and writes there fail with ENOSPC; --clear
+takes the overlay away (nothing is copied either way).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ KINDS = {  # kind -> value type (None: a flag)
 }
 DISK = "/var/lib/fleetspec"
 DISK_LOWER = "/run/fleetspec-lab/disk-lower"
+DISK_UPPER = "/run/fleetspec-lab/disk-full"
 
 
 def parse(specs) -> dict:
@@ -69,31 +71,33 @@ def _write_script(faults: dict) -> str:
 
 
 def disk_full_script() -> str:
-    d, lo = shlex.quote(DISK), shlex.quote(DISK_LOWER)
+    """/var/lib/fleetspec becomes an overlay whose writable layer is a full tmpfs: everything reads
+    as before, every write fails with ENOSPC. Nothing is copied (a state folder of many releases
+    took minutes to copy in and out, and a clear cut short by its timeout lost it all)."""
+    d, lo, t = shlex.quote(DISK), shlex.quote(DISK_LOWER), shlex.quote(DISK_UPPER)
     return "\n".join([
         "set -e",
         f"mountpoint -q {d} && exit 0",
-        f"mkdir -p {d} {lo}",
+        f"mkdir -p {d} {lo} {t}",
         f"mount --bind {d} {lo}",
-        f"mount --make-private {lo}",  # else the tmpfs below would propagate onto it (shared /)
-        f"kb=$(( $(du -sk {lo} | cut -f1) + 64 ))",
-        f"mount -t tmpfs -o size=${{kb}}k,mode=0755 fleetspec-lab-disk-full {d}",
-        f"cp -a {lo}/. {d}/",
-        f"dd if=/dev/zero of={d}/.fleetspec-lab-fill bs=4k 2>/dev/null || true",
+        f"mount --make-private {lo}",  # else the mounts below would propagate onto it (shared /)
+        f"mount -t tmpfs -o size=64k,mode=0755 fleetspec-lab-disk-full {t}",
+        f"mkdir -p {t}/upper {t}/work",
+        f"dd if=/dev/zero of={t}/fill bs=4k 2>/dev/null || true",
+        f"mount -t overlay fleetspec-lab-disk-full -o lowerdir={lo},upperdir={t}/upper,workdir={t}/work {d}",
     ])
 
 
 def disk_clear_script() -> str:
-    d, lo = shlex.quote(DISK), shlex.quote(DISK_LOWER)
+    """Take the overlay away: the real folder, never written during the fault, is back as it was."""
+    d, lo, t = shlex.quote(DISK), shlex.quote(DISK_LOWER), shlex.quote(DISK_UPPER)
     return "\n".join([
         "set -e",
         f"mountpoint -q {lo} || exit 0",
-        f"rm -f {d}/.fleetspec-lab-fill",
-        f"find {lo} -mindepth 1 -delete",
-        f"cp -a {d}/. {lo}/",
-        f"umount {d}",
+        f"if mountpoint -q {d}; then umount {d}; fi",
+        f"if mountpoint -q {t}; then umount {t}; fi",
         f"umount {lo}",
-        f"rmdir {lo}",
+        f"rmdir {lo} {t} 2>/dev/null || true",
     ])
 
 

@@ -56,6 +56,8 @@ class ParsedLedger:
         """Each release's latest status, in order of first appearance."""
         out: dict[str, str] = {}
         for e in self.entries:
+            if e.release == "baseline":     # `baseline --retake`/repair lines: not a release
+                continue
             if e.kind == "status":
                 out[e.release] = e.state
             else:

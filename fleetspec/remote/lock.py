@@ -94,8 +94,14 @@ class RemoteLock:
             line = _read_line(self.channel, timeout=30)
             if line.startswith("LOCKED"):
                 return self
-            rc = self.channel.recv_exit_status() if self.channel.exit_status_ready() else None
+            # Its exit status may trail the end of its output: wait for it, briefly.
+            rc = self.channel.recv_exit_status() if self.channel.status_event.wait(5) else None
+            err = self.channel.recv_stderr(4096).decode(errors="replace").strip() \
+                if self.channel.recv_stderr_ready() else ""
             self.channel.close()
+            if rc not in (BUSY, None) or err:      # e.g. a read-only or full /var/lib/fleetspec
+                raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: "
+                                  f"{(err or line).splitlines()[-1] if (err or line) else f'exit {rc}'}")
             if rc == BUSY or not line:
                 holder = read_holder(self.t, self.lock)
                 if attempt == 1 and holder is not None and holder.dead_here():

@@ -77,19 +77,23 @@ def test_sigkill_at_each_step(rel, mode, step, after):
 
 
 def test_after_the_sweep_every_release_is_finished_and_the_baseline_kept(rel):
-    """Invariant 2 over the whole sweep: the ledger parses whole, every release has a terminal
-    status once the next deploy/rollback ran, and the baseline is the one first recorded."""
-    host = rel.h1
-    rel.ensure_baseline(host)
-    r = R.fs(rel.root, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", "--plan")  # read-only
-    assert r.returncode == 0, r.stderr
+    """Invariant 2 over the whole sweep: after one healthy deploy and its rollback, the ledger
+    parses whole, every release has a terminal status, the baseline is the one first recorded,
+    and the releases kept on the host are bounded (the healthy and failed ones beyond keep=3 are
+    pruned: the sweep leaves ~20 failed releases of ~6,000 links each)."""
+    import json
+
     from fleetspec.model import ledger as L
 
-    parsed = L.parse("".join(__import__("json").dumps(e) + "\n" for e in rel.lab.ledger(host)))
-    assert not parsed.skipped
-    open_ = [rid for rid, st in parsed.releases().items() if st not in L.TERMINAL]
-    # A deploy killed before the switch is marked failed by the next deploy's preflight; none is
-    # left switched.
-    assert all(parsed.releases()[rid] != L.SWITCHED for rid in open_), open_
+    host = rel.h1
+    rel.ensure_baseline(host)
+    R.fs(rel.root, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", check_rc=0)
+    kept = rel.lab.sh(host, f"ls {R.STATE}/releases").split()
+    assert len(kept) <= 3 + 3, kept
+    R.fs(rel.root, "rollback", host, check_rc=0)
+    rel.assert_on_baseline(host)
+    entries = rel.lab.ledger(host)
+    parsed = L.parse("".join(json.dumps(e) + "\n" for e in entries))
+    assert not [rid for rid, st in parsed.releases().items() if st not in L.TERMINAL and rid != "baseline"]
     rel.check_baseline_kept(host)
     rel.history_clean(host)
