@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-import reliability_lab as R
+from tests.lab import reliability_lab as R
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

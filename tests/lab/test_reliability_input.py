@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import reliability_lab as R
+from tests.lab import reliability_lab as R
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-import reliability_lab as R
+from tests.lab import reliability_lab as R
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
