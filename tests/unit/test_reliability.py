@@ -157,3 +157,82 @@ def test_systemctl_show_with_a_newline_in_an_argv_word_parses():
     unit = systemd.parse(out, "x.service")
     assert (unit.active_state, unit.sub_state, unit.main_pid, unit.unit_file_state) == ("active", "running", 42, "enabled")
     assert unit.argv[-2:] == ["--port", "30000"] and "$HOME ;\nsecond" in " ".join(unit.argv)
+
+
+# Secrets: an EnvironmentFile only root reads; values redacted everywhere --------------------------
+def test_env_file_escapes_what_systemd_unescapes():
+    from fleetspec.ops.switching import env_file_text
+
+    text = env_file_text({"TOKEN": 'a "b" $HOME `x` \\ end', "PLAIN": "v"})
+    assert text == 'TOKEN="a \\"b\\" \\$HOME \\`x\\` \\\\ end"\nPLAIN="v"\n'
+
+
+def test_redact_covers_api_key_and_secret_env_in_plain_and_json_forms(monkeypatch):
+    from types import SimpleNamespace
+
+    from fleetspec.model.inventory import SecretRef
+    from fleetspec.ops.preflight import redact
+
+    monkeypatch.setenv("T_API", "sk-123")
+    monkeypatch.setenv("T_TOK", 'tok "q"')
+    host = SimpleNamespace(vars=SimpleNamespace(api_key=SecretRef("T_API")))
+    playbook = SimpleNamespace(launch=SimpleNamespace(secret_env=("T_TOK",)))
+    line = json.dumps({"argv": ["--api-key", "sk-123"], "env": 'tok "q"'})
+    assert "sk-123" not in redact(line, host, playbook) and "tok" not in redact(line, host, playbook)
+    assert redact('x tok "q" y', host, playbook) == "x <redacted> y"
+
+
+# Bad input refused before any host is contacted ----------------------------------------------------
+@pytest.mark.parametrize("service", ["../../../tmp/evil.service", "x;touch /tmp/pwned.service", "sglang",
+                                     ".hidden.service", "a..b.service"])
+def test_inventory_refuses_a_service_that_is_not_a_unit_name(tmp_path, service):
+    from click.testing import CliRunner
+
+    from fleetspec.cli import main
+
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "inventory" / "key").write_text("k")
+    (tmp_path / "inventory" / "lab.yaml").write_text(
+        "defaults: {ssh_key: key, known_hosts: kh}\nhosts:\n  a: {address: 127.0.0.1, vars: {service: '"
+        + service.replace("'", "''") + "'}}\n")
+    r = CliRunner().invoke(main, ["--root", str(tmp_path), "status", "a"])
+    assert r.exit_code == 2 and "vars.service: expected a systemd unit name" in r.output, r.output
+
+
+def _patchset(tmp_path, content=b"X = 1\n", listed=b"X = 1\n"):
+    from fleetspec.model.patchset import load_patchset
+
+    root = tmp_path / "ps"
+    (root / "files/sglang").mkdir(parents=True)
+    (root / "files/sglang/x.py").write_bytes(content)
+    (root / "manifest.json").write_text(json.dumps({"package": "sglang", "version": "1", "files": [
+        {"path": "sglang/x.py", "action": "add", "sha256": sha(listed)}]}))
+    return load_patchset(root)
+
+
+def test_a_patch_set_file_changed_since_its_build_is_refused(tmp_path):
+    from fleetspec.errors import ConfigError
+    from fleetspec.ops.preflight import check_contents
+
+    check_contents(_patchset(tmp_path))
+    with pytest.raises(ConfigError, match="changed since the patch set was built"):
+        check_contents(_patchset(tmp_path / "b", content=b"X = 1\nimport os\n"))
+
+
+def test_a_huge_patch_set_file_is_refused_without_reading_it(tmp_path):
+    from fleetspec.errors import ConfigError
+    from fleetspec.ops.preflight import check_contents
+
+    ps = _patchset(tmp_path)
+    with open(ps.source(ps.files[0]), "r+b") as fh:
+        fh.truncate(8 << 30)                       # 8 GiB, sparse
+    with pytest.raises(ConfigError, match="at most 64 MiB"):
+        check_contents(ps)
+
+
+def test_baseline_lines_are_not_a_release():
+    lines = [L.Entry.step("baseline", "retake", "ok"), L.Entry.step("r1", "stage", "started"),
+             L.Entry.status("r1", L.FAILED)]
+    parsed = L.parse(L.render(lines))
+    assert parsed.releases() == {"r1": L.FAILED} and parsed.interrupted() == []
