@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger", "status", "lock", "holder")
+_KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock", "holder")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class ReleaseState:
     last_entry: dict[str, Any] | None
     last_status: dict[str, Any] | None = None   # the last `"kind": "status"` ledger line
     locked: bool = False                        # a deploy/rollback holds the lock right now
+    current_status: dict[str, Any] | None = None  # the last status line of the current release
     holder: dict[str, Any] | None = None        # who holds it (lock.holder), when locked
 
     @property
@@ -46,7 +47,10 @@ class ReleaseState:
 
     @property
     def release_status(self) -> str | None:
-        """The current release's latest status (model.ledger: healthy, failed, rolled_back…)."""
+        """The current release's latest status (model.ledger: healthy, failed, rolled_back…);
+        not the ledger's last status line, which may be another release's (e.g. one pruned)."""
+        if self.current and self.current_status:
+            return self.current_status.get("state")
         entry = self.last_status or {}
         if self.current and entry.get("release") not in (None, self.current):
             return None
@@ -61,6 +65,8 @@ def command(service: str) -> str:
             f"if [ -d {base} ]; then echo baseline=yes; else echo baseline=no; fi; "
             f"printf 'ledger='; tail -n 1 {led} 2>/dev/null; echo; "
             f"printf 'status='; grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | tail -n 1; echo; "
+            f"c=$(basename \"$(readlink {cur} 2>/dev/null)\"); printf 'current_status='; [ -n \"$c\" ] && "
+            f"grep -E '\"kind\": ?\"status\"' {led} 2>/dev/null | grep -F \"\\\"release\\\":\\\"$c\\\"\" | tail -n 1; echo; "
             f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; "
             f"printf 'holder='; cat {shlex.quote(str(lay.lock) + '.holder')} 2>/dev/null; echo; else echo lock=free; fi")
 
@@ -76,6 +82,7 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
                         current=PurePosixPath(current).name if current else None,
                         baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
                         last_status=_json(values.get("status")), locked=values.get("lock") == "held",
+                        current_status=_json(values.get("current_status")),
                         holder=_json(values.get("holder")) if values.get("lock") == "held" else None)
 
 
