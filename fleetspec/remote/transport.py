@@ -175,6 +175,7 @@ class Transport:
             except (ConnectionError, socket.timeout, TimeoutError, OSError) as err:
                 raise _Retryable(str(err) or type(err).__name__) from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _give_up_on_dead_links(sock, h.connect_timeout)
         return self._handshake(sock, h.address, h.port, h.user, deadline, h.known_hosts_name)
 
     def _jump_channel(self, timeout: float):
@@ -187,6 +188,7 @@ class Transport:
             except OSError as err:
                 raise _Retryable(f"jump {j}: {err}") from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _give_up_on_dead_links(sock, h.connect_timeout)
             name = j.address if j.port == 22 else f"[{j.address}]:{j.port}"
             self._jump = self._handshake(sock, j.address, j.port, j.user or h.user,
                                          time.monotonic() + timeout, name)
@@ -468,6 +470,22 @@ def _dechunk(data: bytes, where: str) -> bytes:
             return bytes(out)
         out += data[j + 2:j + 2 + size]
         i = j + 2 + size + 2
+
+
+def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
+    """A link that dies mid-command left paramiko waiting forever (exec_command waits for its
+    reply with no timeout) until TCP gave up, ~15 min later. Data unacknowledged for this long
+    now ends the connection, which wakes every waiter with an error; keepalive probes find a dead
+    idle link the same way."""
+    seconds = max(30, int(3 * connect_timeout))
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, seconds * 1000)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 15)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    except (AttributeError, OSError):      # not Linux: TCP's own timeouts apply
+        pass
 
 
 def _short(command: str, n: int = 120) -> str:
