@@ -34,15 +34,15 @@ defaults: {user: ops, ssh_key: key, known_hosts: kh, connect_timeout: 3, vars: {
 groups: {gpu: [h1, h2], big: [h2]}
 group_vars: {gpu: {gpu_count: 2, api_port: 31000}, big: {gpu_count: 8}}
 hosts:
-  h1: {address: 10.0.0.1, vars: {tags: [hybrid]}}
-  h2: {address: 10.0.0.2, port: 2222, user: root, jump: "j@bastion:2200", vars: {service: b.service}}
+  h1: {address: h1.test.example, vars: {tags: [hybrid]}}
+  h2: {address: h2.test.example, port: 2222, user: root, jump: "j@bastion:2200", vars: {service: b.service}}
 """))
     h1, h2 = inv.hosts["h1"], inv.hosts["h2"]
     assert h1.user == "ops" and h1.ssh_key == tmp_path / "key" and h1.known_hosts == tmp_path / "kh"
     assert h1.connect_timeout == 3.0 and h1.vars.gpu_count == 2 and h1.vars.api_port == 31000
     assert h1.vars.service == "a.service" and h1.is_hybrid_tagged
     assert h2.vars.gpu_count == 8 and h2.vars.service == "b.service" and h2.user == "root"
-    assert h2.known_hosts_name == "[10.0.0.2]:2222" and h1.known_hosts_name == "10.0.0.1"
+    assert h2.known_hosts_name == "[h2.test.example]:2222" and h1.known_hosts_name == "h1.test.example"
     assert (h2.jump.user, h2.jump.address, h2.jump.port) == ("j", "bastion", 2200)
     assert [h.name for h in inv.select(["h2", "@gpu"])] == ["h1", "h2"]
     assert [h.name for h in inv.select([], all_hosts=True)] == ["h1", "h2"]
