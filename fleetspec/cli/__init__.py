@@ -37,9 +37,15 @@ class FleetspecGroup(click.Group):
 @click.pass_context
 def main(ctx, root, inventory, accept_new_host_key):
     """Deploy speculative-decoding changes to SGLang hosts, prove them, and roll them back."""
+    import faulthandler
     import logging
+    import signal
 
     from fleetspec.cli.context import Context
+
+    # `kill -USR1 PID` prints every thread's stack to stderr: how to see where a stuck deploy waits.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     # paramiko logs every refused direct-tcpip channel while a model loads; probes report those.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)

@@ -15,6 +15,8 @@ import socket
 import time
 from dataclasses import dataclass
 
+import paramiko
+
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.remote import files
 
@@ -122,8 +124,11 @@ class RemoteLock:
             pass    # the host is out of reach: the lock frees itself when our session ends
         finally:
             if self.channel is not None:
-                self.channel.shutdown_write()
-                self.channel.close()
+                try:
+                    self.channel.shutdown_write()
+                    self.channel.close()
+                except (paramiko.SSHException, EOFError, OSError):
+                    pass    # a dead link: the holder sees EOF when sshd drops our session
 
 
 def force_unlock(t, lock: str) -> Holder | None:

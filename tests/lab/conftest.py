@@ -62,7 +62,7 @@ def pytest_terminal_summary(terminalreporter):
     """The reliability suite's counts (faults injected, cases tried), when it ran."""
     import sys
 
-    rel = sys.modules.get("reliability_lab")
+    rel = sys.modules.get("tests.lab.reliability_lab")
     if rel is None or not rel.COUNTS:
         return
     terminalreporter.section("reliability counts")

@@ -65,9 +65,22 @@ def start_paused(root, host, step, *args, env=None) -> subprocess.Popen:
         seen.append(line)
         if line.startswith(f"FLEETSPEC-PAUSED {step} "):
             proc.seen = seen
+            _wait_stopped(proc.pid)
             return proc
     proc.wait(timeout=30)
     raise AssertionError(f"deploy never reached {step} (exit {proc.returncode}):\n" + "".join(seen))
+
+
+def _wait_stopped(pid: int, timeout: float = 30) -> None:
+    """The deploy prints its pause line and only then stops itself: a SIGCONT sent in between is
+    lost and leaves it stopped for good. Wait until the kernel shows it stopped (state T)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] in "Tt":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"deploy pid {pid} announced its pause but never stopped")
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -78,12 +91,26 @@ def kill(proc: subprocess.Popen) -> None:
     count("faults: SIGKILL of fleetspec")
 
 
+def collect(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    """Wait for a running deploy and return (rc, all its output). One still running after
+    `timeout` s is stuck: its threads' stacks (fleetspec dumps them on SIGUSR1) are taken, it is
+    killed, and the test fails showing where it waited."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        kill(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"deploy still running after {timeout:g}s; its stacks:\n"
+                             + "".join(getattr(proc, "seen", [])) + (out or "")) from None
+    return proc.returncode, "".join(getattr(proc, "seen", [])) + (out or "")
+
+
 def finish(proc: subprocess.Popen, timeout=600) -> tuple[int, str]:
     """SIGCONT a paused deploy and collect the rest of its output."""
     os.kill(proc.pid, signal.SIGCONT)
-    out = proc.stdout.read()
-    rc = proc.wait(timeout=timeout)
-    return rc, "".join(getattr(proc, "seen", [])) + out
+    return collect(proc, timeout)
 
 
 # A fleet root of our own (temp folder) ---------------------------------------------------------

@@ -76,9 +76,6 @@ def test_sigkill_at_each_step(rel, mode, step, after):
     rel.history_clean(host)
 
 
-@pytest.mark.skipif(os.environ.get("FLEETSPEC_RUN_KNOWN_HANGS") != "1",
-                    reason="failed once on a long-lived host whose ledger held earlier sessions' releases; "
-                           "open work — run with FLEETSPEC_RUN_KNOWN_HANGS=1")
 def test_after_the_sweep_every_release_is_finished_and_the_baseline_kept(rel):
     """Invariant 2 over the whole sweep: after one healthy deploy and its rollback, the ledger
     parses whole, every release has a terminal status, the baseline is the one first recorded,

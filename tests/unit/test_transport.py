@@ -216,3 +216,25 @@ def test_non_root_commands_go_through_sudo_n(tmp_path, inventory_writer, sshd, s
     t.run(["systemctl", "show", "a b.service"])
     t.run_script("echo 'x' && true")
     assert seen == ["sudo -n systemctl show 'a b.service'", "sudo -n sh -c 'echo '\"'\"'x'\"'\"' && true'"]
+
+
+def test_lock_released_over_a_dead_connection_does_not_raise(tmp_path, inventory_writer, sshd, ssh_client_key):
+    """After the link dies mid-deploy, leaving the lock must not turn paramiko's EOFError into a
+    crash (click showed it as "Aborted!", exit 1, where the deploy had to exit 3)."""
+    import socket
+
+    from fleetspec.remote.lock import RemoteLock, is_held
+
+    t = Transport(host_for(tmp_path, inventory_writer, sshd, ssh_client_key))
+    lock_path = str(tmp_path / "state" / "lock")
+    try:
+        lock = RemoteLock(t, lock_path, release="r1").__enter__()
+        t.connect().sock.shutdown(socket.SHUT_RDWR)
+        lock.__exit__(None, None, None)
+        t.close()
+        deadline = time.monotonic() + 20
+        while is_held(t, lock_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not is_held(t, lock_path)           # sshd saw the session end: the holder's cat got EOF
+    finally:
+        t.close()
