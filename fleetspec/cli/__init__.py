@@ -44,8 +44,10 @@ def main(ctx, root, inventory, accept_new_host_key):
     from fleetspec.cli.context import Context
 
     # `kill -USR1 PID` prints every thread's stack to stderr: how to see where a stuck deploy waits.
-    if hasattr(signal, "SIGUSR1"):
+    try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):   # no SIGUSR1, or stderr is not a real file (tests)
+        pass
 
     # paramiko logs every refused direct-tcpip channel while a model loads; probes report those.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)

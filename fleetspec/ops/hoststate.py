@@ -62,7 +62,13 @@ class HostState:
         mirror's copy is only read); otherwise it is refused, never guessed."""
         path = str(self.layout.baseline / "baseline.json")
         text = self.t.run_script(files.read_optional(path, ABSENT), timeout=30, check=True).stdout
-        if text == ABSENT:
+        return self.baseline_from_text(None if text == ABSENT else text, repair=repair)
+
+    def baseline_from_text(self, text: str | None, repair: bool = False) -> Baseline | None:
+        """read_baseline's verdict on baseline.json's text already read (status reads it with its
+        other facts, in one round trip)."""
+        path = str(self.layout.baseline / "baseline.json")
+        if text is None:
             return None
         try:
             return Baseline.from_json(text)

@@ -10,13 +10,14 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, Iterable
 
 from fleetspec.errors import FleetspecError
 from fleetspec.model.inventory import Host
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
-from fleetspec.remote.facts import release_state, server_info, sglang, systemd
+from fleetspec.remote.facts import release_state, server_info, sglang, systemd, unit_files
 
 DEFAULT_WORKERS = 16
 
@@ -69,9 +70,10 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         "unit": (systemd, {"service": host.vars.service}),
         "sglang": (sglang, {"python": host.vars.python}),
         "state": (release_state, {"service": host.vars.service}),
+        "files": (unit_files, {"service": host.vars.service}),
     }, timeout=min(host.command_timeout, 120), errors="return")
     row.reachable = True
-    unit, sg, state = got["unit"], got["sglang"], got["state"]
+    unit, sg, state, files = got["unit"], got["sglang"], got["state"], got["files"]
 
     declared = None
     if isinstance(unit, FleetspecError):
@@ -119,7 +121,9 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = f"{n} files differ" if n else "pristine"
     if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
         try:
-            row.unit_drift = _unit_drift(t, host, unit)
+            if isinstance(files, FleetspecError):
+                raise files
+            row.unit_drift = _unit_drift(t, host, files)
         except FleetspecError as err:       # e.g. a corrupt baseline: said, and the row goes on
             row.notes.append(_short_error(err))
         if row.unit_drift:
@@ -130,17 +134,16 @@ def _fill(row: HostStatus, t, host: Host) -> None:
     _probe_http(row, t, host, declared)
 
 
-def _unit_drift(t, host: Host, unit) -> list[str]:
+def _unit_drift(t, host: Host, files: unit_files.UnitFiles) -> list[str]:
     """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
     drop-in left out): what preflight would refuse."""
-    from fleetspec.ops.hoststate import HostState
-    from fleetspec.ops.preflight import read_unit_files
+    from fleetspec.ops.hoststate import DROPIN_NAME, HostState
 
-    baseline = HostState(t, host.name, host.vars.service).read_baseline(repair=False)
-    if baseline is None or not unit.fragment_path:
+    baseline = HostState(t, host.name, host.vars.service).baseline_from_text(files.baseline_json, repair=False)
+    if baseline is None or files.unit_bytes is None:
         return []
-    unit_bytes, dropins, _ = read_unit_files(t, unit)
-    return baseline.differences(unit_bytes, dropins)
+    dropins = {p: b for p, b in files.dropins.items() if PurePosixPath(p).name != DROPIN_NAME}
+    return baseline.differences(files.unit_bytes, dropins)
 
 
 def _stale_holder(raw):

@@ -366,7 +366,7 @@ def expected_algorithm(root: Path, algo: str) -> str:
 def prune(t, state: HostState, keep: int) -> list[str]:
     """Remove healthy releases beyond the newest `keep` (never the current one). Failed releases
     do not count towards `keep`: the newest `keep` of them are kept for forensics, older ones go
-    too (each holds a ~6,000-link overlay; a host that failed often filled its disk with them)."""
+    too (a host that failed often filled its disk with them)."""
     current = state.current()
     statuses = state.ledger().releases()
     healthy = [r for r, s in statuses.items() if s == L.HEALTHY]

@@ -13,7 +13,7 @@ from fleetspec.model.inventory import load_inventory
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
 from fleetspec.remote.facts import (disk, gpu, model_config, release_state, server_info, sglang, systemd,
-                                    torch, unitfile)
+                                    torch, unit_files, unitfile)
 from fleetspec.remote.transport import Transport
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -68,6 +68,37 @@ def test_unit_files_give_exact_argv():
         unitfile.effective_exec_start(unit, ["[Service]\nExecStart=\n"])
     with pytest.raises(unitfile.UnitSyntaxError, match=r"\$VARIABLES"):
         unitfile.effective_exec_start("[Service]\nExecStart=/py $OPTS\n")
+
+
+def test_unit_files_captured_on_the_lab():
+    """`unit_files` on the lab's ct200 (real systemd 252, base64 from coreutils): the unit's bytes
+    and the recorded baseline.json, which agree (status: no "unit edited by hand")."""
+    from fleetspec.model.baseline import Baseline
+
+    got = unit_files.parse((FIX / "systemd" / "252-lab" / "unit-files-ct200.txt").read_text())
+    assert got.fragment_path == "/etc/systemd/system/sglang-qwen.service" and got.dropins == {}
+    assert got.unit_bytes.startswith(b"[Unit]\n") and b"--speculative-algorithm DFLASH" in got.unit_bytes
+    baseline = Baseline.from_json(got.baseline_json)
+    assert baseline.differences(got.unit_bytes, got.dropins) == []
+    assert baseline.differences(got.unit_bytes.replace(b"DFLASH", b"EAGLE"), {}) != []
+
+
+def test_unit_files_keep_any_bytes_and_drop_in_order():
+    raw = (b"[Service]\r\nEnvironment=A=%%\x00\n", b"no newline at the end")
+    import base64
+
+    out = ("fragment /etc/systemd/system/x.service\n"
+           "dropin /etc/systemd/system/x.service.d/20-b.conf\ndropin /etc/systemd/system/x.service.d/10-a.conf\n"
+           f"file /etc/systemd/system/x.service {base64.b64encode(raw[0]).decode()}\n"
+           f"file /etc/systemd/system/x.service.d/20-b.conf {base64.b64encode(raw[1]).decode()}\n"
+           f"file /etc/systemd/system/x.service.d/10-a.conf {base64.b64encode(b'').decode()}\n")
+    got = unit_files.parse(out)
+    assert got.unit_bytes == raw[0] and got.baseline_json is None
+    assert list(got.dropins.items()) == [("/etc/systemd/system/x.service.d/20-b.conf", raw[1]),
+                                         ("/etc/systemd/system/x.service.d/10-a.conf", b"")]
+    assert unit_files.parse("fragment \n") == unit_files.UnitFiles(None, None)
+    with pytest.raises(ValueError, match="not base64"):
+        unit_files.parse("fragment /u\nfile /u @@@\n")
 
 
 def test_gpu_csv_per_nvidia_docs():

@@ -57,7 +57,10 @@ def test_overlay_is_a_symlink_farm_with_real_patched_files(world):
     site, ps, dest = world
     r = _run(overlay_script(str(site), str(ps.files_dir), str(dest), ps))
     assert r.returncode == 0, r.stderr
-    assert (dest / "pkg/sub/b.py").is_symlink() and os.readlink(dest / "pkg/sub/b.py") == str(site / "pkg/sub/b.py")
+    # Only the folders on the way to a patched file are real; the rest is one link each.
+    assert (dest / "pkg/sub").is_symlink() and os.readlink(dest / "pkg/sub") == str(site / "pkg/sub")
+    assert (dest / "pkg/__init__.py").is_symlink() and os.readlink(dest / "pkg/__init__.py") == str(site / "pkg/__init__.py")
+    assert sorted(os.listdir(dest / "pkg")) == ["__init__.py", "__pycache__", "a.py", "new", "sub"]
     for rel in ("pkg/a.py", "pkg/new/c.py", "plug/__init__.py", "plug-1.0.dist-info/entry_points.txt"):
         assert (dest / rel).is_file() and not (dest / rel).is_symlink()
     assert (dest / "pkg/a.py").read_text() == "A = 'patched'\n"
@@ -68,6 +71,11 @@ def test_overlay_is_a_symlink_farm_with_real_patched_files(world):
                          env={"PYTHONPATH": str(dest), "PATH": os.environ["PATH"]},
                          capture_output=True, text=True, cwd="/")
     assert out.stdout.split() == ["patched", "base"]
+    # The patched module's bytecode went into the release, never into the live install.
+    assert sorted(os.listdir(site / "pkg/__pycache__")) == ["a.cpython-311.pyc", "keep.cpython-311.pyc"]
+    assert (site / "pkg/__pycache__/a.cpython-311.pyc").read_bytes() == b"stale"
+    assert any(n.startswith("a.") and not (dest / "pkg/__pycache__" / n).is_symlink()
+               for n in os.listdir(dest / "pkg/__pycache__"))
 
 
 def test_rebuilding_replaces_the_previous_overlay(world):

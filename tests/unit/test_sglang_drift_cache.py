@@ -4,10 +4,13 @@ drift is found, and the stat-keyed cache skips rehashing only files nobody wrote
 from __future__ import annotations
 
 import base64
+import json
 import hashlib
 import os
 import subprocess
 import sys
+
+import pytest
 
 from fleetspec.remote.facts import sglang as fact
 
@@ -50,3 +53,24 @@ def test_drift_is_found_and_unchanged_files_are_not_rehashed(tmp_path):
     assert run(site, cache).pristine
     (site / "sglang/__init__.py").unlink()
     assert run(site, cache).missing == ["sglang/__init__.py"]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", ["0.5.13.post1", "0.5.23"])
+def test_the_real_installs_are_read_as_importlib_metadata_reads_them(version, tmp_path):
+    """The fact finds the dist-info and RECORD without importlib.metadata (too slow to run on every
+    host at once); on the real wheels of both versions it must agree with it, file for file."""
+    from fleetspec.lab.envs import local_env
+
+    python = str(local_env(version))
+    probe = ("import json; from importlib import metadata; d = metadata.distribution('sglang'); "
+             "print(json.dumps([d.version, str(d._path), sum(1 for f in d.files if f.hash and f.hash.mode == 'sha256')]))")
+    want_version, want_info, want_files = json.loads(
+        subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout)
+    env = {**os.environ, "FLEETSPEC_FACT_CACHE": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    for _ in range(2):                         # the first run hashes, the second is the fast path
+        r = subprocess.run(["sh", "-c", fact.command(python)], capture_output=True, text=True, env=env, cwd="/")
+        got = fact.parse(r.stdout)
+        assert (got.version, got.dist_info, got.files_checked) == (want_version, want_info, want_files)
+        assert got.pristine, (got.drift[:5], got.missing[:5])
