@@ -68,7 +68,7 @@ def measure(n: int, runs: int) -> dict:
         r, wall, _ = fs("status", *targets, "--json")
         status_walls.append(wall)
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
-    client_cpu = []
+    client_cpu, steps = [], []
     for i in range(runs):
         r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
         outs = json_lines(r.stdout)
@@ -77,6 +77,8 @@ def measure(n: int, runs: int) -> dict:
         engine = max(o["engine_wait_s"] + o["step_seconds"].get("smoke", 0) for o in outs)
         deploy_walls.append(wall)
         own.append(wall - engine)
+        steps.append({name: max(o["step_seconds"].get(name, 0.0) for o in outs)
+                      for name in outs[0]["step_seconds"]})
         client_cpu.append(CPU["last"])
         rss.append(peak)
         (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs))
@@ -91,7 +93,8 @@ def measure(n: int, runs: int) -> dict:
             "rollback_recovery_s": statistics.median(recover),
             "rollback_overhead_s": statistics.median(overhead), "first_deploy_bytes": statistics.median(first_bytes),
             "repeat_deploy_bytes": statistics.median(repeat_bytes) if repeat_bytes else None,
-            "peak_rss_mib": round(max(rss) / 1024, 1)}
+            "peak_rss_mib": round(max(rss) / 1024, 1),
+            "steps_s": {name: round(statistics.median(s.get(name, 0.0) for s in steps), 2) for name in steps[0]}}
 
 
 def fresh_hosts(hosts: list[str]) -> None:
@@ -132,6 +135,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def steps_table(rows: list[dict]) -> str:
+    """Where a deploy's time goes: each step's seconds on its slowest host (median of the runs).
+    On shared CPUs the on-host steps grow with N; fleetspec's own waiting does not."""
+    names = list(rows[0]["steps_s"])
+    lines = ["| N | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for r in rows:
+        lines.append(f"| {r['n']} | " + " | ".join(f"{r['steps_s'].get(n, 0):.2f}" for n in names) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -144,7 +157,7 @@ def main() -> int:
     for n in args.sizes:
         rows.append(measure(n, args.runs))
         print(json.dumps(rows[-1]), flush=True)
-    text = table(rows)
+    text = table(rows) + "\n\nSeconds per deploy step on the slowest host:\n\n" + steps_table(rows)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
