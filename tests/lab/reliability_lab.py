@@ -40,6 +40,11 @@ def count(what: str, n: int = 1) -> None:
     COUNTS[what] += n
 
 
+def record_max(what: str, value: int) -> None:
+    """A figure where the worst case is what matters (printed with the counts)."""
+    COUNTS[what] = max(COUNTS[what], value)
+
+
 # The CLI, as an operator runs it ----------------------------------------------------------------
 def fs(root, *args, timeout=900, env=None, check_rc=None, input=None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "fleetspec", "--root", str(root), *args]
