@@ -171,12 +171,13 @@ def inventory_vars(p: Profile) -> dict:
     return {"python": p.python, "service": SERVICE, "api_port": API_PORT, "model_path": p.model_path,
             "draft_model_path": p.draft_model_path, "gpu_count": p.gpu_count, "tags": list(p.tags),
             # The stand-in loads in ~10-20 s here; a hung start is found in two minutes, not fifteen.
-            # Throughput on a shared 2-core machine swings by a third between runs (and the lab's
-            # DDTree builds its trees on the CPU it is measured on): gate at 0.6, which still
-            # catches a release that is really slower (slow_tokens=4 measures ~0.3).
+            # Throughput on a shared 2-core machine swings by 40% between runs even as the faster
+            # of two rounds (and the lab's DDTree builds its trees on the CPU it is measured on):
+            # gate at 0.5, which still catches a release that is really slower (slow_tokens=4
+            # measures ~0.25).
             "extra": {"sglang_version": p.version, "lab_profile": p.like, "ready_timeout": 120,
                       "require_gpus": False,   # no GPU in a container; the engine is a stand-in
-                      "gates": {"throughput": {"min_ratio": 0.6}}}}
+                      "gates": {"throughput": {"min_ratio": 0.5}}}}
 
 
 def files(p: Profile) -> dict[str, bytes]:

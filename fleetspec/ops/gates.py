@@ -77,8 +77,10 @@ def _generate(t, port: int, prompt: str, max_new_tokens: int, headers: dict) -> 
 
 
 def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, concurrency=(), requests: int = 16,
-            api_key: str | None = None) -> Measurement:
-    """Greedy outputs and acceptance for the golden prompts, then tokens/s at each concurrency."""
+            api_key: str | None = None, rounds: int = 2) -> Measurement:
+    """Greedy outputs and acceptance for the golden prompts, then tokens/s at each concurrency:
+    the faster of `rounds` rounds, since whatever else runs on the host (or the machine) can only
+    ever slow a round down; one unlucky round must not fail a release, nor pass a slow one."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     m = Measurement()
     for prompt in prompts:
@@ -93,11 +95,12 @@ def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, c
         if meta.get("spec_accept_length") is not None:
             m.accept_lengths.append(float(meta["spec_accept_length"]))
     for level in concurrency:
-        tokens, walls, errors = _load(t, port, level, requests, max_new_tokens, headers)
-        m.errors.extend(errors)
-        if tokens and walls:
-            m.tokens_per_s[level] = tokens / walls[0]
-            m.tpot_ms[level] = 1000 * walls[1] / max(1, tokens / max(1, requests - len(errors)))
+        for _ in range(max(1, rounds)):
+            tokens, walls, errors = _load(t, port, level, requests, max_new_tokens, headers)
+            m.errors.extend(errors)
+            if tokens and walls and tokens / walls[0] > m.tokens_per_s.get(level, 0.0):
+                m.tokens_per_s[level] = tokens / walls[0]
+                m.tpot_ms[level] = 1000 * walls[1] / max(1, tokens / max(1, requests - len(errors)))
     return m
 
 
