@@ -121,8 +121,6 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = f"{n} files differ" if n else "pristine"
     if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
         try:
-            if isinstance(files, FleetspecError):
-                raise files
             row.unit_drift = _unit_drift(t, host, files)
         except FleetspecError as err:       # e.g. a corrupt baseline: said, and the row goes on
             row.notes.append(_short_error(err))
@@ -134,10 +132,13 @@ def _fill(row: HostStatus, t, host: Host) -> None:
     _probe_http(row, t, host, declared)
 
 
-def _unit_drift(t, host: Host, files: unit_files.UnitFiles) -> list[str]:
+def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
     """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
     drop-in left out): what preflight would refuse."""
     from fleetspec.ops.hoststate import DROPIN_NAME, HostState
+
+    if isinstance(files, FleetspecError):      # the fact failed: said as a note by the caller
+        raise files
 
     baseline = HostState(t, host.name, host.vars.service).baseline_from_text(files.baseline_json, repair=False)
     if baseline is None or files.unit_bytes is None:

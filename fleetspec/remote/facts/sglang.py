@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 # builds a PackagePath per file: 0.2 s of CPU for sglang's 5,800 files), and one digest over every
 # file's stat key is compared with the last run's before the per-file cache is even read.
 SNIPPET = r'''
-import csv, hashlib, json, os, sys
+import base64, csv, hashlib, json, os, sys
 CACHE_DIR = os.environ.get("FLEETSPEC_FACT_CACHE", "/var/cache/fleetspec")
 out = {"python": sys.executable, "python_version": sys.version.split()[0], "version": None,
        "site_packages": None, "dist_info": None, "drift": [], "missing": [], "files_checked": 0,
@@ -36,7 +36,7 @@ def find_dist():
         except OSError:
             continue
         for name in names:
-            if name.endswith(".dist-info") and name.split("-")[0].lower().replace(".", "_").replace("-", "_") == "sglang":
+            if name.endswith(".dist-info") and name.split("-")[0].lower().replace(".", "_") == "sglang":
                 info = os.path.join(folder, name)
                 version = None
                 try:
@@ -78,7 +78,6 @@ if found is None:
 else:
     site, info, out["version"], record = found
     out["site_packages"], out["dist_info"] = site, info
-    import base64
     rows = []
     for row in csv.reader(record.decode("utf-8").splitlines()):
         if len(row) >= 2 and row[1].startswith("sha256="):
