@@ -69,17 +69,48 @@ def cached_wheel(requirement: str) -> Path | None:
     return None
 
 
-def download_wheels(versions=SGLANG_VERSIONS, python: str = sys.executable) -> None:
-    """Fill the wheel cache (needs the package index only for wheels not cached yet)."""
+class DownloadFailed(Exception):
+    """The package index could not give a wheel: one line names what was asked for."""
+
+
+def download_commands(versions=SGLANG_VERSIONS, python: str = sys.executable) -> list[list[str]]:
+    """One `pip download` per sglang version for the wheels the cache lacks.
+
+    pip refuses two versions of one project in one call, so each call holds one version's set
+    (torch included: the layer builds install offline from this cache and nowhere else).
+    """
+    commands, asked = [], set()
+    for version in versions:
+        missing = [r for r in requirements(version) if r not in asked and cached_wheel(r) is None]
+        asked.update(missing)
+        if missing:
+            commands.append([python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                             "--disable-pip-version-check", "-d", str(WHEELS),
+                             *[f"--find-links={d}" for d in LOCAL_WHEEL_DIRS if Path(d).is_dir()], *missing])
+    return commands
+
+
+def download_wheels(versions=SGLANG_VERSIONS, python: str = sys.executable) -> int:
+    """Fill the wheel cache (needs the package index only for wheels not cached yet).
+
+    Returns how many pip calls it made (0 on a warm cache); raises DownloadFailed with one line.
+    """
     WHEELS.mkdir(parents=True, exist_ok=True)
-    reqs = sorted({r for v in versions for r in requirements(v)} - {TORCH})
-    missing = [r for r in reqs if cached_wheel(r) is None]
-    if missing:
-        subprocess.run(
-            [python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "-d", str(WHEELS), *missing],
-            check=True,
-        )
+    commands = download_commands(versions, python)
+    for command in commands:
+        wanted = [a for a in command if "==" in a]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = next((ln for ln in reversed(done.stderr.splitlines()) if ln.strip()), "no output")
+            raise DownloadFailed(
+                f"pip download of {len(wanted)} wheel(s) ({', '.join(wanted[:3])}{', ...' if len(wanted) > 3 else ''}) "
+                f"into {WHEELS} failed (exit {done.returncode}): {last.strip()}")
+    return len(commands)
+
+
+def missing_wheels(version: str) -> list[str]:
+    """The requirements of `version` that the wheel cache cannot satisfy offline."""
+    return [r for r in requirements(version) if cached_wheel(r) is None]
 
 
 def recipe_hash(version: str) -> str:
@@ -92,8 +123,7 @@ def recipe_hash(version: str) -> str:
 def pip_install_offline(python: str, version: str, *, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The pip command that installs one version's environment from the wheel cache alone."""
     return [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-            "--find-links", str(WHEELS), *[f"--find-links={d}" for d in LOCAL_WHEEL_DIRS if Path(d).is_dir()],
-            *extra_args, *requirements(version)]
+            "--find-links", str(WHEELS), *extra_args, *requirements(version)]
 
 
 def local_env(version: str) -> Path:
@@ -101,17 +131,31 @@ def local_env(version: str) -> Path:
 
     Used by tests that run the real parser of each version; returns the venv's python.
     """
+    local_env_built(version)
+    return ENVS / f"sglang-{version}" / "bin" / "python"
+
+
+def local_env_built(version: str) -> bool:
+    """Build the local venv of `version` if missing; True when it was built now."""
     env = ENVS / f"sglang-{version}"
     python = env / "bin" / "python"
     marker = env / ".complete"
     if marker.exists() and marker.read_text().strip() == recipe_hash(version):
-        return python
+        return False
     download_wheels((version,))
+    require_cached(version)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
     subprocess.run(pip_install_offline(str(python), version), check=True)
     torchvision_stub(env)
     marker.write_text(recipe_hash(version) + "\n")
-    return python
+    return True
+
+
+def require_cached(version: str) -> None:
+    missing = missing_wheels(version)
+    if missing:
+        raise DownloadFailed(f"the wheel cache {WHEELS} lacks {', '.join(missing)} for sglang {version}; "
+                             f"run: python3 -m fleetspec.lab.prepare")
 
 
 def site_packages(env: Path) -> Path:

@@ -79,29 +79,50 @@ def marker(folder: Path) -> Path:
     return folder.with_name(folder.name + ".complete")
 
 
-def is_built(versions) -> bool:
-    return marker(base_dir()).exists() and all(marker(env_layer(v)).exists() for v in versions)
-
-
 def ensure(versions, log=print) -> bool:
     """Build whatever is missing; return True if anything was built (a cold start)."""
-    built = False
-    if not DEBOOTSTRAP.joinpath("usr/bin/python3").exists():
-        log(f"debootstrap into {DEBOOTSTRAP} (~90 s, needs the Debian mirror)")
-        DEBOOTSTRAP.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([*DEBOOTSTRAP_CMD, str(DEBOOTSTRAP)], check=True)
-        built = True
-    if not marker(base_dir()).exists():
-        log(f"building base image {base_dir()}")
-        _build_base()
-        built = True
+    built = ensure_rootfs(log)
+    built = ensure_base(log) or built
     for version in versions:
-        if not marker(env_layer(version)).exists():
-            log(f"building sglang {version} layer {env_layer(version)} (minutes; offline from {envs.WHEELS})")
-            envs.download_wheels((version,))
-            _build_env(version)
-            built = True
+        built = ensure_layer(version, log) or built
     return built
+
+
+def ensure_rootfs(log=print) -> bool:
+    if DEBOOTSTRAP.joinpath("usr/bin/python3").exists():
+        return False
+    log(f"debootstrap into {DEBOOTSTRAP} (~90 s, needs the Debian mirror)")
+    DEBOOTSTRAP.parent.mkdir(parents=True, exist_ok=True)
+    partial = DEBOOTSTRAP.with_name("rootfs.partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    done = subprocess.run([*DEBOOTSTRAP_CMD, str(partial)], capture_output=True, text=True)
+    if done.returncode != 0:
+        last = next((ln for ln in reversed((done.stdout + done.stderr).splitlines()) if ln.strip()), "no output")
+        raise UserError(f"debootstrap of Debian bookworm into {partial} failed (exit {done.returncode}; "
+                        f"it needs the Debian mirror): {last.strip()}")
+    if DEBOOTSTRAP.exists():
+        shutil.rmtree(DEBOOTSTRAP)
+    partial.rename(DEBOOTSTRAP)
+    return True
+
+
+def ensure_base(log=print) -> bool:
+    if marker(base_dir()).exists():
+        return False
+    log(f"building base image {base_dir()}")
+    _build_base()
+    return True
+
+
+def ensure_layer(version: str, log=print) -> bool:
+    if marker(env_layer(version)).exists():
+        return False
+    log(f"building sglang {version} layer {env_layer(version)} (minutes; offline from {envs.WHEELS})")
+    envs.download_wheels((version,))
+    envs.require_cached(version)
+    _build_env(version)
+    return True
 
 
 def _build_base() -> None:

@@ -1,37 +1,69 @@
 """`python -m fleetspec.lab.prepare`: fill the caches that tests and the lab need, once.
 
-The sglang wheel cache, both versions' environments on this machine (tests run the real parsers),
-and the lab image. Every piece is keyed by its recipe, so a warm machine does nothing here.
+The sglang wheel cache, the lab image (Debian rootfs, base, one layer per sglang version), both
+versions' environments on this machine (tests run the real parsers) and the kernels. Every piece
+is keyed by its recipe, so a warm machine does nothing here and prints nothing; a cold one prints
+one line per stage with its seconds.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
+from fleetspec.errors import UserError
 from fleetspec.lab import envs, image
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def stages() -> list[tuple[str, object]]:
+    """(name, step) in order; each step returns True when it did work (a cold stage)."""
+    steps: list[tuple[str, object]] = [
+        ("download", lambda: envs.download_wheels() > 0),
+        ("rootfs", lambda: image.ensure_rootfs(_quiet)),
+        ("base image", lambda: image.ensure_base(_quiet)),
+    ]
+    for version in envs.SGLANG_VERSIONS:
+        steps.append((f"layer sglang {version}", lambda v=version: image.ensure_layer(v, _quiet)))
+    for version in envs.SGLANG_VERSIONS:
+        steps.append((f"local env sglang {version}", lambda v=version: envs.local_env_built(v)))
+    steps.append(("kernels", build_kernels))
+    return steps
 
 
 def main() -> int:
     started = time.monotonic()
-    envs.download_wheels()
-    for version in envs.SGLANG_VERSIONS:
-        envs.local_env(version)
-    image.ensure(envs.SGLANG_VERSIONS, log=lambda line: print(f"lab image: {line}", flush=True))
-    build_kernels()
-    print(f"prepare: caches ready under {envs.CACHE} in {time.monotonic() - started:.0f}s", flush=True)
+    cold = False
+    for name, step in stages():
+        t0 = time.monotonic()
+        try:
+            did = step()
+        except (envs.DownloadFailed, UserError) as err:
+            print(f"prepare: {name} failed: {err}", file=sys.stderr, flush=True)
+            return 2
+        if did:
+            cold = True
+            print(f"prepare: {name} {time.monotonic() - t0:.1f}s", flush=True)
+    if cold:
+        print(f"prepare: cold set-up of {envs.CACHE} took {time.monotonic() - started:.0f}s", flush=True)
     return 0
 
 
-def build_kernels() -> None:
+def build_kernels() -> bool:
     """The DDTree kernels for this machine's torch (what deploy pushes to hosts with the same ABI)."""
-    from pathlib import Path
-
     from fleetspec.model.kernel import build_kernel
 
-    for source in sorted((Path(__file__).resolve().parents[2] / "playbooks").glob("*/kernels/*/kernel.json")):
-        kernel, built = build_kernel(source.parent)
-        print(f"kernel {kernel.name}: {'built' if built else 'cached'} for torch {kernel.abi.torch}", flush=True)
+    built_any = False
+    for source in sorted((ROOT / "playbooks").glob("*/kernels/*/kernel.json")):
+        _kernel, built = build_kernel(source.parent)
+        built_any = built_any or built
+    return built_any
 
 
 if __name__ == "__main__":

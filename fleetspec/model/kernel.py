@@ -250,12 +250,32 @@ def _can_build_cuda(spec: KernelSpec) -> bool:
                 and cpp_extension.CUDA_HOME)
 
 
+_COMPILE = """
+import json, sys
+from torch.utils import cpp_extension
+name, sources, work, verbose = json.loads(sys.argv[1])
+cpp_extension.load(name=name, sources=sources, build_directory=work, extra_cflags=["-O3"],
+                   is_python_module=False, verbose=verbose)
+"""
+
+
+def _compile_in_child(name: str, sources: list[str], work: str, verbose: bool) -> None:
+    """cpp_extension.load also loads the library; in this process a later load of the cached copy
+    would register the ops twice and abort, so the compiler runs in a child."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sources, work, verbose])],
+                          capture_output=not verbose, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or "").strip().splitlines()[-5:] if not verbose else []
+        raise UserError(f"compiling kernel {name} failed (exit {done.returncode})" + (": " + " | ".join(tail) if tail else ""))
+
+
 def build_kernel(source: Path | str, cache: Path = KERNEL_CACHE, out: Path | None = None,
                  verbose: bool = False) -> tuple[Kernel, bool]:
     """Compile `source` with torch.utils.cpp_extension (CUDA too where torch and a toolchain allow),
     cache it by source hash + torch, and record kernel.json. Returns (kernel, built_now)."""
-    from torch.utils import cpp_extension
-
     spec = load_spec(source)
     cuda = _can_build_cuda(spec)
     abi = local_abi(cuda)
@@ -268,8 +288,7 @@ def build_kernel(source: Path | str, cache: Path = KERNEL_CACHE, out: Path | Non
         folder.parent.mkdir(parents=True, exist_ok=True)
         sources = [str(spec.root / s) for s in spec.sources + (spec.cuda_sources if cuda else ())]
         with tempfile.TemporaryDirectory(dir=folder.parent) as work:
-            cpp_extension.load(name=f"{spec.library}_{spec.name}", sources=sources, build_directory=work,
-                               extra_cflags=["-O3"], is_python_module=False, verbose=verbose)
+            _compile_in_child(f"{spec.library}_{spec.name}", sources, work, verbose)
             library = next(Path(work).glob("*.so"))
             staging = Path(work) / "out"
             staging.mkdir()
