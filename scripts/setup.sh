@@ -29,8 +29,10 @@ pip_quiet() { python3 -m pip install -q --disable-pip-version-check "$@" 2>&1 | 
 if ! python3 -c 'import torch' 2>/dev/null; then
   stage "pip install torch==2.13.0 (CPU wheel)" pip_quiet torch==2.13.0
 fi
-if ! python3 -c 'import fleetspec, paramiko, jinja2, click, yaml, tenacity, rich, pytest, hypothesis, pytest_timeout' 2>/dev/null \
-   || ! python3 -m pip show -q fleetspec 2>/dev/null | grep -q . ; then
+# Installed, with its dependencies, and editable from this very checkout (not another one's).
+here=$PWD
+if ! (cd / && python3 -c 'import sys, fleetspec, paramiko, jinja2, click, yaml, tenacity, rich, pytest, hypothesis, pytest_timeout
+sys.exit(0 if fleetspec.__file__.startswith(sys.argv[1] + "/") else 1)' "$here") 2>/dev/null; then
   stage "pip install -e .[test] (fleetspec and its test tools, from PyPI)" pip_quiet -e '.[test]'
 fi
 

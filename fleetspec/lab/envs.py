@@ -64,7 +64,7 @@ def cached_wheel(requirement: str) -> Path | None:
     name, _, version = requirement.partition("==")
     for wheel in WHEELS.glob("*.whl"):
         w_name, w_version = wheel.name.split("-")[:2]
-        if _normal(w_name) == _normal(name) and w_version == version:
+        if _normal(w_name) == _normal(name) and w_version.split("+")[0] == version:  # PEP 440: == ignores +cpu
             return wheel
     return None
 
