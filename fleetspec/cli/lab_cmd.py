@@ -34,16 +34,19 @@ def up_cmd(ctx, host_list):
 
 
 @lab.command("down")
+@click.option("--all", "everything", is_flag=True,
+              help="Stop every lab host on this machine, also those another checkout booted.")
 @click.pass_context
-def down_cmd(ctx):
-    """Stop every lab host and remove its mounts, namespaces, cgroups and the bridge."""
+def down_cmd(ctx, everything):
+    """Stop this fleet root's lab hosts and remove their mounts, namespaces and cgroups; the bridge
+    and crash debris go once no lab host is left. Example: fleetspec lab down"""
     from fleetspec.lab import lab as lab_ops
 
     try:
         root = _root(ctx)
     except Exception:
         root = None
-    problems = lab_ops.down(root)
+    problems = lab_ops.down(root, everything=everything)
     if problems:
         raise click.ClickException("left behind: " + "; ".join(problems))
     click.echo("lab is down")

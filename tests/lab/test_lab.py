@@ -256,12 +256,19 @@ def test_lab_down_leaves_nothing_then_comes_back(lab_fleet):
     """Also after a crash: leftovers that no state file names are found by their fixed names."""
     from fleetspec.lab import cgroups, lab
 
+    from fleetspec.lab import hosts
+
+    others = [n for n in hosts.running() if n not in lab_fleet.addresses]
     subprocess.run(["ip", "netns", "add", "fslab-ghost"], check=True)  # a crashed `lab up`'s debris
     ghost = cgroups.host_paths("ghost")[0]
     ghost.mkdir(parents=True)
     assert lab.down(lab_fleet.root) == []
-    left = _leftovers()
-    assert left == {"netns": [], "mounts": [], "cgroups": [], "bridge": False, "processes": [], "state": []}
+    assert hosts.running() == others  # another checkout's hosts are not ours to stop
+    if not others:
+        left = _leftovers()
+        assert left == {"netns": [], "mounts": [], "cgroups": [], "bridge": False, "processes": [], "state": []}
+    else:
+        assert not set(lab_fleet.addresses) & set(hosts.known())
     # Put the session's fleet back for whatever runs next.
     result = lab.up(lab_fleet.root, tuple(lab_fleet.addresses))
     assert result.addresses == lab_fleet.addresses
