@@ -182,7 +182,8 @@ class Deploy:
             self.state.write_baseline(baseline)
             self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
                       f"(unit sha256 {baseline.unit_sha256[:12]})")
-        drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins)
+        drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins,
+                                     *preflight_mod.secret_refs(self.host, self.pf.playbook))
         if drift:
             raise StepFailed("baseline", "the service changed by hand since the baseline: " + "; ".join(drift)
                              + f" — review it, then run: fleetspec baseline {self.host.name} --retake")
