@@ -198,7 +198,8 @@ def history(obj, host, as_json, limit):
 @click.option("--force", is_flag=True, required=True, help="Required: end a stale holder.")
 @click.pass_obj
 def unlock(obj, host, force):
-    """End a stale deploy lock. Refused while its holder is alive on this machine."""
+    """End a stale deploy lock. Refused while its holder is alive (its process on this
+    controller, or its session on the host, which sends a heartbeat)."""
     from fleetspec.remote.lock import force_unlock
     from fleetspec.model.layout import HostLayout
 

@@ -6,6 +6,10 @@ import base64
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+
+REDACTED = "<redacted>"
+SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
 
 
 def sha256(data: bytes) -> str:
@@ -19,7 +23,8 @@ class Baseline:
     unit_bytes: bytes
     dropins: dict[str, bytes]            # path -> bytes, admin drop-ins other than fleetspec's
     exec_argv: list[str]
-    environment: list[str]
+    environment: dict[str, str | None]   # name -> value from the unit and drop-ins; secrets REDACTED
+                                         # (None: a baseline recorded before values were kept)
     sglang: dict                         # version, site_packages, python, drift
     served_algorithm: str | None         # resolved, from /server_info (e.g. EAGLE for NEXTN)
     declared_algorithm: str | None       # as the operator wrote it (e.g. NEXTN)
@@ -49,14 +54,62 @@ class Baseline:
         expected = raw.pop("dropins_sha256")
         if {p: sha256(b) for p, b in dropins.items()} != expected:
             raise ValueError("baseline drop-ins do not match their recorded sha256")
+        if isinstance(raw.get("environment"), list):     # names only (older baselines)
+            raw["environment"] = {name: None for name in raw["environment"]}
         return cls(unit_bytes=unit, dropins=dropins, **raw)
 
-    def differences(self, unit_bytes: bytes, dropins: dict[str, bytes]) -> list[str]:
-        """What changed by hand since the baseline (fleetspec's own drop-in is excluded by the caller)."""
+    def differences(self, unit_bytes: bytes, dropins: dict[str, bytes], secret_names=(),
+                    secret_values=()) -> list[str]:
+        """What changed by hand since the baseline (fleetspec's own drop-in is excluded by the caller),
+        down to each Environment variable's value (secret ones: only that they changed)."""
         out = []
         if unit_bytes != self.unit_bytes:
             out.append(f"{self.unit_path} changed (sha256 {sha256(unit_bytes)[:12]}, baseline {self.unit_sha256[:12]})")
         for path in sorted(set(dropins) | set(self.dropins)):
             if dropins.get(path) != self.dropins.get(path):
                 out.append(f"drop-in {path} {'added' if path not in self.dropins else 'removed' if path not in dropins else 'changed'}")
+        if out:
+            out += environment_changes(unit_environment(self.unit_bytes, self.dropins),
+                                       unit_environment(unit_bytes, dropins), secret_names, secret_values)
         return out
+
+
+def is_secret(name: str, value: str | None = None, secret_names=(), secret_values=()) -> bool:
+    """A variable whose value is never shown: named in a secret list (the playbook's
+    launch.secret_env, the inventory's api_key), named like one (*TOKEN*, *KEY*, *SECRET*,
+    *PASSWORD* …), or holding a value fleetspec knows to be secret."""
+    upper = name.upper()
+    return (name in secret_names or any(part in upper for part in SECRET_PARTS)
+            or (bool(value) and any(secret and secret in value for secret in secret_values)))
+
+
+def unit_environment(unit_bytes: bytes, dropins: dict[str, bytes]) -> dict[str, str]:
+    """Environment= of the unit and its drop-ins (in systemd's order: by file name), unredacted."""
+    from fleetspec.remote.facts.unitfile import environment_of
+
+    ordered = sorted(dropins.items(), key=lambda item: (PurePosixPath(item[0]).name, item[0]))
+    return environment_of([unit_bytes.decode(errors="replace"), *(b.decode(errors="replace") for _, b in ordered)])
+
+
+def recorded_environment(unit_bytes: bytes, dropins: dict[str, bytes], secret_names=(),
+                         secret_values=()) -> dict[str, str]:
+    """What a baseline records: every variable's value, secret ones replaced by REDACTED."""
+    env = unit_environment(unit_bytes, dropins)
+    return {k: REDACTED if is_secret(k, v, secret_names, secret_values) else v for k, v in sorted(env.items())}
+
+
+def environment_changes(old: dict, new: dict, secret_names=(), secret_values=()) -> list[str]:
+    """One line per variable added, removed or changed; a secret's values are never shown."""
+    out = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        secret = is_secret(name, a, secret_names, secret_values) or is_secret(name, b, secret_names, secret_values)
+        if name not in old:
+            out.append(f"Environment {name} added" + ("" if secret else f" ({b!r})"))
+        elif name not in new:
+            out.append(f"Environment {name} removed" + ("" if secret else f" (was {a!r})"))
+        else:
+            out.append(f"Environment {name} changed" + (" (secret; values not shown)" if secret else f" ({a!r} -> {b!r})"))
+    return out

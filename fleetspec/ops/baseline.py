@@ -35,7 +35,9 @@ def retake(t, host, root) -> str:
         state.write_baseline(new, replace=True)
         state.record(L.Entry.step("baseline", "retake", "ok", old_unit_sha256=old.unit_sha256 if old else None,
                                   new_unit_sha256=new.unit_sha256))
-    return f"{host.name}: baseline retaken ({new.declared_algorithm or 'no speculative algorithm'}, unit sha256 {new.unit_sha256[:12]})"
+    changed = old.differences(new.unit_bytes, new.dropins, *preflight.secret_refs(host)) if old else []
+    return (f"{host.name}: baseline retaken ({new.declared_algorithm or 'no speculative algorithm'}, unit sha256 "
+            f"{new.unit_sha256[:12]})" + (f"; since the old one: {'; '.join(changed)}" if changed else ""))
 
 
 class _View:

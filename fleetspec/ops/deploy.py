@@ -22,14 +22,15 @@ from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote.lock import RemoteLock
+from fleetspec.remote.lock import LockLost, RemoteLock
 
 q = shlex.quote
 
 
 class StepFailed(FleetspecError):
-    def __init__(self, step: str, reason: str, evidence: dict | None = None):
+    def __init__(self, step: str, reason: str, evidence: dict | None = None, command: str | None = None):
         self.step, self.reason, self.evidence = step, reason, evidence or {}
+        self.command = command         # set: the host needs an operator (exit 3) before any deploy
         super().__init__(f"{step}: {reason}")
 
 
@@ -60,6 +61,7 @@ class DeployOutcome:
     engine_wait_s: float = 0.0
     exit_code: int = 0
     step_seconds: dict = field(default_factory=dict)
+    previous: str | None = None        # what the service ran before this deploy: a release id or "baseline"
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -93,6 +95,7 @@ class Deploy:
             return self._outcome("planned", plan=switching.plan(self.t, self.pf, self.state))
         with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
             self.lock = lock
+            self.state.lock = lock                  # every step's ledger line checks it is still ours
             try:
                 try:
                     self.step("preflight", self._record_preflight)
@@ -108,6 +111,9 @@ class Deploy:
                 except StepFailed as failure:
                     if not self.switched:
                         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+                        if failure.command:
+                            return self._outcome("needs_attention", failure=failure, exit_code=3,
+                                                 command=failure.command)
                         return self._outcome("failed", failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
@@ -129,6 +135,8 @@ class Deploy:
             self.state.record(L.Entry.step(self.release_id, name, "failed", reason=failure.reason,
                                            evidence=failure.evidence))
             raise
+        except LockLost:
+            raise                      # not ours any more: no ledger line, straight to _lost
         except FleetspecError as err:
             self.state.record(L.Entry.step(self.release_id, name, "failed", reason=str(err)))
             raise StepFailed(name, str(err)) from err
@@ -156,6 +164,12 @@ class Deploy:
 
     # Steps ------------------------------------------------------------------------------------
     def _record_preflight(self) -> dict:
+        # Again, under the lock: a deploy that got in (and died) since preflight's read-only look
+        # must not become this deploy's "previous good state".
+        try:
+            preflight_mod.check_interrupted(self.state, self.host.name)
+        except NeedsAttention as err:
+            raise StepFailed("preflight", str(err).split(" — run: ")[0], command=err.command) from None
         abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id)
         return dict(self.pf.summary(), abandoned=abandoned)
 
@@ -168,12 +182,14 @@ class Deploy:
             self.state.write_baseline(baseline)
             self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
                       f"(unit sha256 {baseline.unit_sha256[:12]})")
-        drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins)
+        drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins,
+                                     *preflight_mod.secret_refs(self.host, self.pf.playbook))
         if drift:
             raise StepFailed("baseline", "the service changed by hand since the baseline: " + "; ".join(drift)
                              + f" — review it, then run: fleetspec baseline {self.host.name} --retake")
         self.pf.baseline = baseline
         self.previous = self.state.current()
+        self.previous_known = True
         return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
 
     def _stage(self) -> dict:
@@ -238,7 +254,8 @@ class Deploy:
 
     def _commit(self) -> dict:
         self._mark(L.HEALTHY)
-        pruned = switching.prune(self.t, self.state, keep=self.pf.keep_releases) if self.req.prune else []
+        pruned = (switching.prune(self.t, self.state, keep=self.pf.keep_releases, protect=[self.previous])
+                  if self.req.prune else [])
         return {"pruned": pruned}
 
     # Failure path -----------------------------------------------------------------------------
@@ -268,6 +285,17 @@ class Deploy:
         """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
         After the switch it may run an unproven release: exit 3 with the command that finishes it."""
         where = getattr(self, "current_step", "preflight")
+        if isinstance(err, LockLost):
+            # Someone else may act on the host now: no revert, no ledger line, nothing more from us.
+            self.echo(f"[{self.host.name}] {err}")
+            failure = StepFailed(where, str(err))
+            if self.switched:
+                return self._outcome("needs_attention", failure=failure, exit_code=3,
+                                     reason=f"{where}: {err}; the host may run {self.release_id} unproven",
+                                     command=f"fleetspec status {self.host.name}  (then, once the lock is free: "
+                                             f"fleetspec rollback {self.host.name})")
+            return self._outcome("failed", failure=failure, exit_code=1,
+                                 reason=f"{where}: {err}; what the service runs was not changed")
         self.echo(f"[{self.host.name}] lost the host during {where}: {err}")
         failure = StepFailed(where, f"lost the host: {err}")
         if self.switched:
@@ -294,6 +322,7 @@ class Deploy:
         if command:
             out.evidence["command"] = command
         out.step_seconds = dict(self.step_seconds)
+        out.previous = (self.previous or BASELINE) if getattr(self, "previous_known", False) else None
         if self.pf is not None:
             out.reason = self.pf.redact(out.reason)
             out.evidence = json.loads(self.pf.redact(json.dumps(out.evidence, default=str)))

@@ -112,14 +112,19 @@ def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only
 
 
 def _rollback_moved(obj, hosts, outcomes, echo, progress) -> None:
+    """Each host this run moved goes back to where this run found it (the release it was on, or
+    its baseline), not to its baseline: an aborted rollout undoes only itself."""
+    from fleetspec.model.release import BASELINE
     from fleetspec.ops.rollback import rollback
 
     for h in hosts:
         o = outcomes[h.name]
         if o.status != "healthy":
             continue
+        back = None if o.previous in (None, BASELINE) else o.previous
         try:
-            rollback(obj.transport(h), h, obj.root_path, None, echo=echo, progress=progress)
-            o.status, o.reason, o.exit_code = "rolled_back", "rolled back: the rollout was aborted", 1
+            rollback(obj.transport(h), h, obj.root_path, back, echo=echo, progress=progress)
+            o.status, o.exit_code = "rolled_back", 1
+            o.reason = f"rolled back to {back or BASELINE}: the rollout was aborted"
         except FleetspecError as err:
             o.status, o.reason, o.exit_code = "needs_attention", f"abort rollback failed: {err}", 3

@@ -5,6 +5,11 @@ is a regression no health check sees. Each gate compares the release with the sa
 figures measured on the running service just before the switch (same prompts, same load), and
 returns pass, fail or inconclusive. Inconclusive (no data, errors, too few samples) fails closed
 unless the gate is `dry_run`, which records and never blocks.
+
+Every answer counts: a `/generate` that failed or came back malformed (no `output_ids` list of
+token ids, a non-numeric accept length, no completion count) is an error, never a skipped prompt
+or an empty output, and any error makes acceptance and parity inconclusive; parity compares
+whole id lists, lengths included.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ class Measurement:
     accept_lengths: list[float] = field(default_factory=list)
     tokens_per_s: dict[int, float] = field(default_factory=dict)   # concurrency -> output tok/s
     tpot_ms: dict[int, float] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)           # every failed/malformed answer
+    prompt_errors: list[str] = field(default_factory=list)    # … of the golden prompts
+    asked: int | None = None                                  # golden prompts sent (None: unknown)
 
     def figures(self) -> dict:
         out = {"requests_failed": len(self.errors)}
@@ -72,8 +79,33 @@ def _generate(t, port: int, prompt: str, max_new_tokens: int, headers: dict) -> 
     if r.status != 200:
         raise RemoteError(f"/generate answered {r.status}")
     data = r.json()
+    check_answer(data)
     data["_wall"] = time.monotonic() - started
     return data
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_answer(data) -> None:
+    """ValueError unless a /generate answer has what the gates read: `output_ids` (a list of token
+    ids), a `meta_info` object whose `completion_tokens` is a count and whose
+    `spec_accept_length`, where present, is a number."""
+    if not isinstance(data, dict):
+        raise ValueError("malformed answer: not a JSON object")
+    ids = data.get("output_ids")
+    if not isinstance(ids, list) or not all(_is_int(x) for x in ids):
+        raise ValueError("malformed answer: no output_ids list of token ids")
+    meta = data.get("meta_info")
+    if not isinstance(meta, dict):
+        raise ValueError("malformed answer: no meta_info object")
+    if not _is_int(meta.get("completion_tokens")) or meta["completion_tokens"] < 0:
+        raise ValueError("malformed answer: meta_info.completion_tokens is not a count")
+    accept = meta.get("spec_accept_length")
+    if accept is not None and (not isinstance(accept, (int, float)) or isinstance(accept, bool)
+                               or accept != accept):
+        raise ValueError("malformed answer: meta_info.spec_accept_length is not a number")
 
 
 def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, concurrency=(), requests: int = 16,
@@ -83,15 +115,16 @@ def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, c
     ever slow a round down: one unlucky round must not fail a release. Baseline and release are
     measured alike, so the ratio stays fair."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    m = Measurement()
+    m = Measurement(asked=len(prompts))
     for prompt in prompts:
         try:
             data = _generate(t, port, prompt, max_new_tokens, headers)
         except (RemoteError, ValueError) as err:
             m.errors.append(f"{prompt[:20]!r}: {err}")
+            m.prompt_errors.append(m.errors[-1])
             continue
-        meta = data.get("meta_info", {})
-        m.outputs[prompt] = data.get("output_ids") or []
+        meta = data["meta_info"]
+        m.outputs[prompt] = list(data["output_ids"])
         m.texts[prompt] = data.get("text", "")
         if meta.get("spec_accept_length") is not None:
             m.accept_lengths.append(float(meta["spec_accept_length"]))
@@ -114,7 +147,7 @@ def _load(t, port, level, requests, max_new_tokens, headers):
         for fut in [pool.submit(_generate, t, port, p, max_new_tokens, headers) for p in prompts]:
             try:
                 data = fut.result()
-                tokens += int(data.get("meta_info", {}).get("completion_tokens") or 0)
+                tokens += data["meta_info"]["completion_tokens"]
                 latencies.append(data["_wall"])
             except (RemoteError, ValueError) as err:
                 errors.append(str(err))
@@ -165,9 +198,16 @@ def judge(gates, before: Measurement | None, after: Measurement, *, hybrid: bool
 
 
 def _acceptance(g, before, after) -> Verdict:
-    fig = {"accept_length": after.figures().get("accept_length"), "samples": len(after.accept_lengths)}
+    fig = {"accept_length": after.figures().get("accept_length"), "samples": len(after.accept_lengths),
+           "requests_failed": len(after.errors)}
     if before and before.accept_lengths:
         fig["baseline_accept_length"] = before.figures()["accept_length"]
+    if after.errors:     # the gate that counts request errors for every playbook that has it
+        return Verdict("acceptance", INCONCLUSIVE, f"{len(after.errors)} failed or malformed answers "
+                                                   f"(first: {after.errors[0]})", fig, g.dry_run)
+    if after.asked is not None and len(after.accept_lengths) < after.asked:
+        return Verdict("acceptance", INCONCLUSIVE, f"{after.asked - len(after.accept_lengths)} of {after.asked} "
+                                                   f"answers carried no spec_accept_length", fig, g.dry_run)
     if len(after.accept_lengths) < MIN_SAMPLES:
         return Verdict("acceptance", INCONCLUSIVE, f"{len(after.accept_lengths)} samples (< {MIN_SAMPLES})", fig, g.dry_run)
     value = fig["accept_length"]
@@ -177,6 +217,9 @@ def _acceptance(g, before, after) -> Verdict:
         base = fig.get("baseline_accept_length")
         if base is None:
             return Verdict("acceptance", INCONCLUSIVE, "no baseline acceptance measured", fig, g.dry_run)
+        if before.prompt_errors:
+            return Verdict("acceptance", INCONCLUSIVE, f"the baseline measurement had {len(before.prompt_errors)} "
+                                                       f"failed or malformed answers", fig, g.dry_run)
         if value < base - g.vs_baseline_tolerance:
             return Verdict("acceptance", FAIL, f"accept length {value} < baseline {base} - {g.vs_baseline_tolerance}",
                            fig, g.dry_run)
@@ -197,6 +240,9 @@ def _throughput(g, before, after) -> Verdict:
         worst = ratio if worst is None else min(worst, ratio)
     if after.errors:
         return Verdict("throughput", INCONCLUSIVE, f"{len(after.errors)} failed requests", fig, g.dry_run)
+    if before.errors:
+        return Verdict("throughput", INCONCLUSIVE, f"the baseline measurement had {len(before.errors)} failed "
+                                                   f"requests", fig, g.dry_run)
     if g.min_ratio is not None and worst is not None and worst < g.min_ratio:
         return Verdict("throughput", FAIL, f"release/baseline tokens/s {worst:.3f} < {g.min_ratio}", fig, g.dry_run)
     return Verdict("throughput", PASS, "", fig, g.dry_run)
@@ -206,20 +252,28 @@ def _parity(g, before, after, hybrid: bool) -> Verdict:
     if before is None or not before.outputs:
         return Verdict("parity", INCONCLUSIVE, "no baseline outputs", {}, g.dry_run)
     tolerance = g.hybrid_tolerance_tokens if hybrid else 0
-    compared, worst = 0, None
+    compared, worst, missing = 0, None, []
     for prompt, want in before.outputs.items():
         got = after.outputs.get(prompt)
         if got is None:
+            missing.append(prompt)
             continue
         compared += 1
         first = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y),
                      None if len(want) == len(got) else min(len(want), len(got)))
-        if first is not None and (len(want) - first) > tolerance:
+        # Tokens from the first difference to the end of the longer list: an output that runs
+        # past the baseline's differs as surely as one that stops short.
+        if first is not None and (max(len(want), len(got)) - first) > tolerance:
             worst = worst or (prompt, first, want[first] if first < len(want) else None,
                               got[first] if first < len(got) else None)
-    fig = {"prompts_compared": compared}
-    if compared < min(MIN_SAMPLES, len(before.outputs)):
-        return Verdict("parity", INCONCLUSIVE, f"only {compared} prompts compared", fig, g.dry_run)
+    fig = {"prompts_compared": compared, "requests_failed": len(after.prompt_errors)}
+    for side, m in (("baseline", before), ("release", after)):
+        if m.prompt_errors:
+            return Verdict("parity", INCONCLUSIVE, f"{side}: {len(m.prompt_errors)} failed or malformed answers "
+                                                   f"(first: {m.prompt_errors[0]})", fig, g.dry_run)
+    if missing or compared < min(MIN_SAMPLES, len(before.outputs)):
+        return Verdict("parity", INCONCLUSIVE, f"only {compared} of {len(before.outputs)} prompts compared",
+                       fig, g.dry_run)
     if worst:
         prompt, index, want_tok, got_tok = worst
         fig["first_difference"] = {"prompt": prompt, "token_index": index, "baseline": want_tok, "release": got_tok}

@@ -33,6 +33,8 @@ class HostState:
     service: str
     mirror: Path | None = None    # local folder for the ledger/baseline copies
     redact: object = None         # text -> text: secrets out of every ledger line (set by deploy)
+    lock: object = None           # remote.lock.RemoteLock held by this operation: every ledger line
+                                  # (each step starts with one) first checks it is still ours
 
     def __post_init__(self):
         self.layout = HostLayout(self.service)
@@ -44,8 +46,16 @@ class HostState:
         line = entry.to_line()
         if self.redact is not None:
             line = self.redact(line)
-        self.t.run_script(f"mkdir -p {q(str(self.layout.base))} && chmod 0755 {q(str(self.layout.base))} && "
-                          + files.append_line(str(self.layout.ledger), line), timeout=30, check=True)
+        guard = self.lock.guard() + "; " if self.lock is not None else ""
+        r = self.t.run_script(guard + f"mkdir -p {q(str(self.layout.base))} && chmod 0755 {q(str(self.layout.base))} && "
+                              + files.append_line(str(self.layout.ledger), line), timeout=30, check=not guard)
+        if guard:
+            self.lock.check(r)                 # LockLost: nothing written, the caller stops
+            if r.rc != 0:
+                detail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"exit {r.rc}"]
+                from fleetspec.errors import RemoteError
+
+                raise RemoteError(f"{self.host}: appending to {self.layout.ledger} exited {r.rc}: {detail[0][:300]}")
         if self.mirror:
             self.mirror.mkdir(parents=True, exist_ok=True)
             with open(self.mirror / "ledger.jsonl", "a") as fh:

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from fleetspec.errors import NeedsAttention, RemoteError, UserError
 from fleetspec.model import ledger as L
-from fleetspec.model.baseline import Baseline
+from fleetspec.model.baseline import Baseline, recorded_environment
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import load_playbook_for
 from fleetspec.ops import argv as argv_ops
@@ -153,6 +153,15 @@ def secrets_of(host, playbook) -> list[str]:
     return [v for v in values if v]
 
 
+def secret_refs(host, playbook=None) -> tuple[list[str], list[str]]:
+    """(names, values) of the variables whose values are never shown: the inventory's api_key
+    and the playbook's launch.secret_env (pattern-named ones are caught by model.baseline)."""
+    names = [host.vars.api_key.env] if host.vars.api_key else []
+    names += list(playbook.launch.secret_env) if playbook is not None else []
+    return names, secrets_of(host, playbook) if playbook is not None else \
+        [v for v in [host.vars.api_key.value() if host.vars.api_key else None] if v]
+
+
 def redact(text: str, host, playbook) -> str:
     for value in sorted(secrets_of(host, playbook), key=len, reverse=True):
         for form in dict.fromkeys([value, json.dumps(value)[1:-1]]):
@@ -190,7 +199,7 @@ def run(t, req, echo=print) -> Preflight:
         raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
     check_interrupted(state, host.name)
     mirrored = HostState(t, host.name, service, mirror=req.root / ".fleetspec" / "hosts" / host.name / service)
-    check_unit_drift(mirrored, host.name, service, unit_bytes, dropins)
+    check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook))
     if unit.active_state != "active":
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
                              f"moves a running service", f"ssh {host.address} systemctl status {service}")
@@ -276,11 +285,12 @@ def check_interrupted(state: HostState, host: str) -> None:
                                  f"fleetspec rollback {host}")
 
 
-def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict) -> None:
+def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict,
+                     secrets: tuple = ((), ())) -> None:
     """A unit edited by hand since the baseline is refused before anything is locked or written:
     the baseline is never silently replaced, and a deploy never builds on a state nobody recorded."""
     baseline = state.read_baseline(repair=False)      # read-only here; the locked baseline step repairs
-    drift = baseline.differences(unit_bytes, dropins) if baseline is not None else []
+    drift = baseline.differences(unit_bytes, dropins, *secrets) if baseline is not None else []
     if drift:
         raise NeedsAttention(f"{host}: {service} changed by hand since the baseline: {'; '.join(drift)}; "
                              f"review it, then record it", f"fleetspec baseline {host} --retake")
@@ -435,7 +445,8 @@ def take_baseline(t, pf: Preflight) -> Baseline:
 
     return Baseline(
         service=pf.service, unit_path=pf.unit.fragment_path, unit_bytes=pf.unit_bytes, dropins=pf.dropins,
-        exec_argv=pf.exec_argv, environment=list(getattr(pf.unit, "environment", []) or []),
+        exec_argv=pf.exec_argv,
+        environment=recorded_environment(pf.unit_bytes, pf.dropins, *secret_refs(pf.host, getattr(pf, "playbook", None))),
         sglang={"version": pf.sglang.version, "site_packages": pf.sglang.site_packages,
                 "python": pf.python, "drift": list(pf.sglang.drift)},
         served_algorithm=served, declared_algorithm=argv_ops.speculative_algorithm_from_argv(pf.exec_argv),

@@ -41,7 +41,8 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
     target = to or BASELINE
-    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo):
+    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo) as lock:
+        state.lock = lock                       # each ledger line checks the lock is still ours
         baseline = state.read_baseline()
         if state.repaired:
             echo(state.repaired)

@@ -363,15 +363,16 @@ def expected_algorithm(root: Path, algo: str) -> str:
 
 
 # Commit ----------------------------------------------------------------------------------------
-def prune(t, state: HostState, keep: int) -> list[str]:
-    """Remove healthy releases beyond the newest `keep` (never the current one). Failed releases
+def prune(t, state: HostState, keep: int, protect=()) -> list[str]:
+    """Remove healthy releases beyond the newest `keep` (never the current one, nor `protect`: the
+    release a deploy came from, which `--rollback-all-on-abort` returns to). Failed releases
     do not count towards `keep`: the newest `keep` of them are kept for forensics, older ones go
     too (a host that failed often filled its disk with them)."""
     current = state.current()
     statuses = state.ledger().releases()
     healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
     failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK)]
-    old = [r for r in healthy[:-keep] + failed[:-keep] if r != current] if keep > 0 else []
+    old = [r for r in healthy[:-keep] + failed[:-keep] if r != current and r not in protect] if keep > 0 else []
     for rid in old:
         t.run_script(f"rm -rf {q(str(state.layout.release(rid)))}", timeout=120, check=True)
         state.record(L.Entry.status(rid, L.PRUNED))

@@ -2,26 +2,54 @@
 
 The holder is `flock -n LOCK cat`, reading from our channel. If fleetspec exits, is killed, or the
 link drops, the channel closes, `cat` sees EOF and the kernel frees the lock: a dead holder never
-blocks forever. A live holder is never stolen from: only `unlock --force` ends a holder, and it
-refuses while the holder's pid is alive on the same machine. Who holds it is written beside it.
+blocks forever. While we hold it, a thread sends a heartbeat line down the channel every few
+seconds and `cat` appends it to the holder's heartbeat file, so the host itself can tell a live
+session (fresh heartbeat) from an orphaned one (a link cut leaves sshd holding it for a while).
+
+Holders are told apart by a persistent random controller id (fleetspec.identity), never by the
+hostname, and each holding by a random token. A holder is ended only when it is provably gone:
+by anyone when its controller is ours and its pid is dead here; by `unlock --force` only when
+that is so or its heartbeat on the host is stale. The holder's record is
+`LOCK.holders/<token>.json` (`LOCK.holder` points at the current one), so a holder removes only
+its own files and never a newer holder's. Every step that changes the host first checks, in the
+same remote command, that the lock is still ours (`guard`), and stops if it is not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
 import paramiko
 
 from fleetspec.errors import RemoteError, UserError
+from fleetspec.identity import controller_id
 from fleetspec.remote import files
 
 q = shlex.quote
 BUSY = 75
+LOST = 75
+LOST_MARKER = "FLEETSPEC-LOCK-LOST"
+
+
+def heartbeat_s() -> float:
+    return float(os.environ.get("FLEETSPEC_LOCK_HEARTBEAT_S", "2"))
+
+
+def stale_after_s() -> float:
+    """A session whose heartbeat is older than this is no longer alive (10 heartbeats missed)."""
+    return float(os.environ.get("FLEETSPEC_LOCK_STALE_S", "30"))
+
+
+class LockLost(RemoteError):
+    """The lock this process took is no longer its own (ended by `unlock --force`, or its session
+    died): nothing more may be changed on the host."""
 
 
 @dataclass(frozen=True)
@@ -32,20 +60,27 @@ class Holder:
     since: float
     release: str
     remote_pid: int | None = None
+    controller: str = ""            # fleetspec.identity.controller_id() of the holder's controller
+    token: str = ""                 # this holding's random id; names its record and heartbeat files
 
     def describe(self) -> str:
         age = time.time() - self.since
-        return (f"{self.who} (pid {self.pid} on {self.machine}, release {self.release}, "
-                f"for {age:.0f}s)")
+        return (f"{self.who} (pid {self.pid} on {self.machine}, controller {self.controller[:8] or 'unknown'}, "
+                f"release {self.release}, for {age:.0f}s)")
+
+    def ours(self) -> bool:
+        """Written by this controller (same id), so its pid means something here."""
+        return bool(self.controller) and self.controller == controller_id()
 
     def dead_here(self) -> bool:
-        """True when the holder ran on this machine and its process is gone: a stale lock whose
-        SSH session outlived it (a link cut leaves sshd holding it until TCP gives up)."""
-        return self.machine == socket.gethostname() and self.remote_pid is not None and not self.alive_here()
+        """True when the holder is this controller's and its process is gone: a stale lock whose
+        SSH session outlived it (a link cut leaves sshd holding it until TCP gives up). A holder
+        from another controller is never "dead here", whatever its hostname."""
+        return self.ours() and self.remote_pid is not None and not self.alive_here()
 
     def alive_here(self) -> bool:
-        """True when the holder is a live process on this machine (then it is never forced)."""
-        if self.machine != socket.gethostname():
+        """True when the holder is a live process of this controller (then it is never forced)."""
+        if not self.ours():
             return False
         try:
             os.kill(self.pid, 0)
@@ -60,14 +95,46 @@ def holder_path(lock: str) -> str:
     return lock + ".holder"
 
 
+def holders_dir(lock: str) -> str:
+    return lock + ".holders"
+
+
+def record_path(lock: str, token: str) -> str:
+    return f"{holders_dir(lock)}/{token}.json"
+
+
+def heartbeat_path(lock: str, token: str) -> str:
+    return f"{holders_dir(lock)}/{token}.hb"
+
+
+def _link_target(lock: str, token: str) -> str:
+    """What LOCK.holder points at (relative, so the state folder can move)."""
+    return f"{os.path.basename(holders_dir(lock))}/{token}.json"
+
+
 def acquire_script(lock: str, holder: Holder) -> str:
-    """flock, then write the holder record with the remote holder's pid ($$ survives the exec)."""
+    """flock, then (holding it) clear earlier holders' leftovers, write our record with the remote
+    holder's pid ($$ survives the exec), point LOCK.holder at it, and append heartbeats to our file."""
+    if not holder.token or not holder.token.isalnum():
+        raise ValueError("a lock holder needs an alphanumeric token")
     fields = {k: v for k, v in holder.__dict__.items() if k != "remote_pid"}
     head = json.dumps(fields, sort_keys=True)[:-1] + ', "remote_pid": '
-    tmp = holder_path(lock) + files.TMP_SUFFIX
-    inner = (f"printf '%s%s}}' {q(head)} \"$$\" > {q(tmp)} && mv -f {q(tmp)} {q(holder_path(lock))} "
-             f"&& echo LOCKED $$ && exec cat >/dev/null")
+    hd, rec, hb, link = holders_dir(lock), record_path(lock, holder.token), heartbeat_path(lock, holder.token), holder_path(lock)
+    inner = (f"mkdir -p {q(hd)} && for f in {q(hd)}/*; do case \"$f\" in {q(hd)}/{holder.token}.*) ;; "
+             f"*) rm -f -- \"$f\" ;; esac; done; "
+             f"printf '%s%s}}' {q(head)} \"$$\" > {q(rec + files.TMP_SUFFIX)} && mv -f {q(rec + files.TMP_SUFFIX)} {q(rec)} "
+             f"&& ln -sfn {q(_link_target(lock, holder.token))} {q(link + files.TMP_SUFFIX)} "
+             f"&& mv -Tf {q(link + files.TMP_SUFFIX)} {q(link)} "
+             f"&& : > {q(hb)} && echo LOCKED $$ && exec cat >> {q(hb)}")
     return f"mkdir -p \"$(dirname {q(lock)})\" && exec flock -n -E {BUSY} {q(lock)} sh -c {q(inner)}"
+
+
+def guard_script(lock: str, token: str, remote_pid: int) -> str:
+    """Shell that exits LOST (printing LOST_MARKER) unless this holding still holds the lock:
+    LOCK.holder names our record and our `cat` (which keeps the flock) is alive."""
+    return (f"{{ [ \"$(readlink {q(holder_path(lock))} 2>/dev/null)\" = {q(_link_target(lock, token))} ] "
+            f"&& [ \"$(cat /proc/{int(remote_pid)}/comm 2>/dev/null)\" = cat ]; }} "
+            f"|| {{ echo {LOST_MARKER} >&2; exit {LOST}; }}")
 
 
 def read_holder(t, lock: str) -> Holder | None:
@@ -78,23 +145,46 @@ def read_holder(t, lock: str) -> Holder | None:
         return None
 
 
+def heartbeat_age(t, lock: str, holder: Holder) -> float | None:
+    """Seconds since the holder's session last showed life on the host (host clock both ends);
+    None when it keeps no heartbeat (an older fleetspec, or a hand-made record)."""
+    if not holder.token or not holder.token.isalnum():
+        return None
+    hb = q(heartbeat_path(lock, holder.token))
+    out = t.run_script(f"[ -e {hb} ] && echo $(( $(date +%s) - $(stat -c %Y {hb}) ))", timeout=30, check=False).stdout
+    try:
+        return max(0.0, float(out.strip()))
+    except ValueError:
+        return None
+
+
 def is_held(t, lock: str) -> bool:
     r = t.run_script(f"[ -e {q(lock)} ] || exit 0; flock -n {q(lock)} true", timeout=30, check=False)
     return r.rc != 0
 
 
 class RemoteLock:
-    def __init__(self, t, lock: str, *, release: str, note=lambda line: None):
+    def __init__(self, t, lock: str, *, release: str, note=lambda line: None, holder: Holder | None = None,
+                 heartbeat: bool = True):
         self.t, self.lock, self.note = t, lock, note
-        self.holder = Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
-                             pid=os.getpid(), since=time.time(), release=release)
+        self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
+                                       pid=os.getpid(), since=time.time(), release=release,
+                                       controller=controller_id(), token=secrets.token_hex(16))
         self.channel = None
+        self.remote_pid: int | None = None
+        self._heartbeat = heartbeat
+        self._stop = threading.Event()
+        self._beats: threading.Thread | None = None
 
     def __enter__(self) -> "RemoteLock":
         for attempt in (1, 2):
             self.channel = self.t.open_exec(acquire_script(self.lock, self.holder))
             line = _read_line(self.channel, timeout=30)
             if line.startswith("LOCKED"):
+                self.remote_pid = int(line.split()[1])
+                if self._heartbeat:
+                    self._beats = threading.Thread(target=self._beat, name="lock-heartbeat", daemon=True)
+                    self._beats.start()
                 return self
             # Its exit status may trail the end of its output: wait for it, briefly.
             rc = self.channel.recv_exit_status() if self.channel.status_event.wait(5) else None
@@ -107,7 +197,7 @@ class RemoteLock:
             if rc == BUSY or not line:
                 holder = read_holder(self.t, self.lock)
                 if attempt == 1 and holder is not None and holder.dead_here():
-                    # Its process is gone from this machine; only its orphaned session holds on.
+                    # Its process is gone from this controller; only its orphaned session holds on.
                     self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
                     _end_holder(self.t, self.lock, holder)
                     continue
@@ -117,9 +207,39 @@ class RemoteLock:
             raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
         raise RemoteError(f"{self.t.host.name}: could not take {self.lock}")
 
+    def _beat(self) -> None:
+        while not self._stop.wait(heartbeat_s()):
+            try:
+                self.channel.send(b"\n")
+            except (paramiko.SSHException, EOFError, OSError, socket.timeout):
+                return            # a dead link: the host sees the heartbeat go stale
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._beats is not None:
+            self._beats.join(timeout=10)
+
+    def guard(self) -> str:
+        """The shell check that this holding is still the lock's, for a step's own command."""
+        return guard_script(self.lock, self.holder.token, self.remote_pid)
+
+    def check(self, result) -> None:
+        """Raise LockLost if a command that started with guard() stopped because the lock is lost."""
+        if result.rc == LOST and LOST_MARKER in result.stderr:
+            now = None
+            try:
+                now = read_holder(self.t, self.lock)
+            except RemoteError:
+                pass
+            who = f"; it is now held by {now.describe()}" if now is not None and now.token != self.holder.token else ""
+            raise LockLost(f"{self.t.host.name}: lost the lock on {self.lock} (ended by someone else, or our session "
+                           f"on the host died){who}; stopped without changing anything more")
+
     def __exit__(self, *exc) -> None:
-        try:
-            self.t.run_script(f"rm -f {q(holder_path(self.lock))}", timeout=30, check=False)
+        self.stop_heartbeat()
+        try:   # only our own record and heartbeat: LOCK.holder may already name a newer holder
+            self.t.run_script(f"rm -f {q(record_path(self.lock, self.holder.token))} "
+                              f"{q(heartbeat_path(self.lock, self.holder.token))}", timeout=30, check=False)
         except RemoteError:
             pass    # the host is out of reach: the lock frees itself when our session ends
         finally:
@@ -132,7 +252,8 @@ class RemoteLock:
 
 
 def force_unlock(t, lock: str) -> Holder | None:
-    """End a stale holder. Refused while the holder's pid is alive on this machine."""
+    """End a stale holder. Refused while the holder is alive: its process is alive on this
+    controller, or its session on the host still sends heartbeats (whoever's controller it is)."""
     if not is_held(t, lock):
         t.run_script(f"rm -f {q(holder_path(lock))}", timeout=30, check=False)
         return None
@@ -142,14 +263,28 @@ def force_unlock(t, lock: str) -> Holder | None:
     if holder.alive_here():
         raise UserError(f"{t.host.name}: {lock} is held by {holder.describe()}, which is still running; "
                         f"not forcing it")
+    age = heartbeat_age(t, lock, holder)
+    if age is None:
+        raise UserError(f"{t.host.name}: {lock} is held by {holder.describe()}, which keeps no heartbeat, so "
+                        f"whether its session is alive cannot be told; if it is dead, end it on the host: "
+                        f"kill {int(holder.remote_pid)}")
+    if age <= stale_after_s():
+        raise UserError(f"{t.host.name}: {lock} is held by {holder.describe()}, whose session on the host is "
+                        f"still alive (heartbeat {age:.0f}s ago); not forcing it")
     _end_holder(t, lock, holder)
     return holder
 
 
 def _end_holder(t, lock: str, holder: Holder) -> None:
-    pid = int(holder.remote_pid)   # only ever the holder's `cat`, never a pid reused since
+    """Kill the holder's `cat` (only that: checked by name, never a pid reused since), wait for the
+    flock to free, and remove that holder's files only. A legacy plain-file record is removed too."""
+    pid = int(holder.remote_pid)
+    own = ""
+    if holder.token and holder.token.isalnum():
+        own = f"rm -f {q(record_path(lock, holder.token))} {q(heartbeat_path(lock, holder.token))}; "
+    legacy = f"[ -L {q(holder_path(lock))} ] || rm -f {q(holder_path(lock))}"
     t.run_script(f"[ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = cat ] && kill {pid}; for i in 1 2 3 4 5 6 7 8 9 10; do "
-                 f"flock -n {q(lock)} true && break; sleep 0.2; done; rm -f {q(holder_path(lock))}",
+                 f"flock -n {q(lock)} true && break; sleep 0.2; done; {own}{legacy}",
                  timeout=30, check=False)
 
 

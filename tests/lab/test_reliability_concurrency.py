@@ -3,15 +3,17 @@ never stolen from a live holder.
 
 Two deploys started together from two processes: exactly one proceeds, the other exits 2 naming
 the holder. A rollback racing a deploy (and a deploy racing a rollback) is refused the same way.
-A holder on this machine that is alive is never ended (by a deploy, a rollback or `unlock
---force`); once its process is gone the next rollback ends the stale lock itself. A holder on
-another machine (which nobody here can see) blocks until `unlock --force`.
+A holder of this controller that is alive is never ended (by a deploy, a rollback or `unlock
+--force`); once its process is gone the next rollback ends the stale lock itself. A holder from
+another controller (which nobody here can see) blocks; `unlock --force` refuses it while its
+session on the host is alive (fresh heartbeat) and ends it once that session has gone silent.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -108,13 +110,14 @@ def _release(proc):
 
 
 def test_live_holder_is_never_stolen_and_a_dead_one_never_blocks(rel):
+    from fleetspec.identity import controller_id
     from fleetspec.remote.lock import Holder
 
     host = rel.h2
     snap = rel.ensure_baseline(host)
-    sleeper = subprocess.Popen(["sleep", "600"])          # a live "fleetspec" on this machine
+    sleeper = subprocess.Popen(["sleep", "600"])          # a live "fleetspec" of this controller
     holder = Holder(who="test", machine=socket.gethostname(), pid=sleeper.pid, since=time.time(),
-                    release="20990101T000000Z-ddtree-live")
+                    release="20990101T000000Z-ddtree-live", controller=controller_id(), token=secrets.token_hex(16))
     lock = _hold_lock(rel, host, holder)
     try:
         for args in (["rollback", host], ["deploy", host, "--algo", "ddtree", "--yes", "--no-gates"],
@@ -145,13 +148,18 @@ def test_holder_on_another_machine_blocks_until_unlock_force(rel):
     host = rel.h2
     rel.ensure_baseline(host)
     holder = Holder(who="alice", machine="bastion-elsewhere", pid=4242, since=time.time() - 3600,
-                    release="20990101T000000Z-ddtree-else")
-    lock = _hold_lock(rel, host, holder)
+                    release="20990101T000000Z-ddtree-else", controller="controller-of-alice",
+                    token=secrets.token_hex(16))
+    lock = _hold_lock(rel, host, holder)          # its session sends no heartbeat after taking it
     try:
         r = R.fs(rel.root, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates")
         assert r.returncode == 2 and "alice (pid 4242 on bastion-elsewhere" in r.stderr, r.stderr
         assert f"fleetspec unlock {host} --force" in r.stderr
-        u = R.fs(rel.root, "unlock", host, "--force")
+        u = R.fs(rel.root, "unlock", host, "--force")          # its heartbeat is fresh: alive
+        assert u.returncode == 2 and "still alive" in u.stderr, (u.stdout, u.stderr)
+        R.count("lock: refused a live holder")
+        time.sleep(3)
+        u = R.fs(rel.root, "unlock", host, "--force", env={"FLEETSPEC_LOCK_STALE_S": "1"})
         assert u.returncode == 0 and "unlocked" in u.stdout, (u.stdout, u.stderr)
         R.count("lock: unlock --force of a foreign holder")
         assert rel.lab.lock_free(host, wait=10)

@@ -44,7 +44,7 @@ def _baseline(**kw) -> Baseline:
     args = dict(service="sglang-qwen.service", unit_path="/etc/systemd/system/sglang-qwen.service",
                 unit_bytes=b"[Service]\nExecStart=/bin/true %% $$HOME\n",
                 dropins={"/etc/systemd/system/sglang-qwen.service.d/10-env.conf": b"[Service]\nEnvironment=A=1\n"},
-                exec_argv=["/bin/true", "%", "$HOME"], environment=["A=1"], sglang={"version": "0.5.13.post1"},
+                exec_argv=["/bin/true", "%", "$HOME"], environment={"A": "1"}, sglang={"version": "0.5.13.post1"},
                 served_algorithm="EAGLE", declared_algorithm="NEXTN")
     args.update(kw)
     return Baseline(**args)

@@ -104,14 +104,17 @@ def _dead_pid() -> int:
     return p.pid
 
 
-@pytest.mark.parametrize("machine,pid,remote,dead", [
-    (socket.gethostname(), None, 123, True),           # gone from this machine: stale
-    (socket.gethostname(), os.getpid(), 123, False),   # alive here: never stolen
-    ("elsewhere", None, 123, False),                   # another machine: nobody here can tell
-    (socket.gethostname(), None, None, False),         # no remote pid recorded: never guessed
+@pytest.mark.parametrize("ours,pid,remote,dead", [
+    (True, None, 123, True),            # this controller's, and its process is gone: stale
+    (True, os.getpid(), 123, False),    # alive here: never stolen
+    (False, None, 123, False),          # another controller (same hostname or not): nobody here can tell
+    (True, None, None, False),          # no remote pid recorded: never guessed
 ])
-def test_a_holder_is_stale_only_when_its_process_is_gone_from_this_machine(machine, pid, remote, dead):
-    h = Holder(who="u", machine=machine, pid=pid or _dead_pid(), since=0, release="r", remote_pid=remote)
+def test_a_holder_is_stale_only_when_its_process_is_gone_from_this_controller(ours, pid, remote, dead):
+    from fleetspec.identity import controller_id
+
+    h = Holder(who="u", machine=socket.gethostname(), pid=pid or _dead_pid(), since=0, release="r",
+               remote_pid=remote, controller=controller_id() if ours else "another-controller-id")
     assert h.dead_here() is dead
 
 

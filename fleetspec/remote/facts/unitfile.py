@@ -267,3 +267,39 @@ def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ..
     if uses_vars:
         raise UnitSyntaxError("ExecStart= uses $VARIABLES; fleetspec cannot derive its argv exactly")
     return argv
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def environment_of(unit_texts: list[str], specifiers: dict[str, str] | None = None) -> dict[str, str]:
+    """The Environment= of a unit file followed by its drop-ins, as systemd 252 builds it
+    (config_parse_environ): each value split into words with extract_first_word(UNQUOTE|CUNESCAPE),
+    `%%` resolved, `NAME=VALUE` words kept (a later one wins), an empty `Environment=` resets the
+    list; a word systemd would reject is skipped as it does. EnvironmentFile= is not read."""
+    env: dict[str, str] = {}
+    for text in unit_texts:
+        try:
+            values = parse_unit(text).values("Service", "Environment")
+        except UnitSyntaxError:
+            continue
+        for value in values:
+            if value == "":
+                env = {}
+                continue
+            i = 0
+            while True:
+                try:
+                    word, i = extract_word(value, i)
+                except UnitSyntaxError:
+                    break
+                if word is None:
+                    break
+                try:
+                    word = resolve_specifiers(word, specifiers)
+                except UnitSyntaxError:
+                    pass                      # a specifier only systemd can resolve: kept as written
+                name, sep, val = word.partition("=")
+                if sep and _ENV_NAME.match(name):
+                    env[name] = val
+    return env

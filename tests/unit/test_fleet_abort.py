@@ -1,0 +1,71 @@
+"""`--rollback-all-on-abort` returns each host to where this run found it (issue 13, item 9)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import PurePosixPath
+from types import SimpleNamespace
+
+import pytest
+
+from fleetspec.model.baseline import Baseline
+from fleetspec.model.inventory import load_inventory
+from fleetspec.model.layout import HostLayout
+from fleetspec.ops import fleet
+from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest, StepFailed
+from fleetspec.remote.transport import Transport
+
+
+def test_an_aborted_rollout_returns_each_moved_host_to_its_own_previous_state(monkeypatch, tmp_path):
+    """a was on release R-a-old, b on its baseline; c fails and aborts the rollout: a goes back to
+    R-a-old (not to its baseline), b to its baseline. The fleet's choice is what is tested; the
+    deploys and rollbacks themselves are stood in for (their own tests drive them for real)."""
+    hosts = [SimpleNamespace(name=n) for n in ("a", "b", "c")]
+    results = {"a": DeployOutcome("a", "healthy", "R-a-new", previous="R-a-old"),
+               "b": DeployOutcome("b", "healthy", "R-b-new", previous="baseline"),
+               "c": DeployOutcome("c", "rolled_back", "R-c-new", failed_step="probes", exit_code=1,
+                                  previous="R-c-old")}
+    monkeypatch.setattr(fleet, "deploy_one", lambda obj, h, *a, **k: results[h.name])
+    went = {}
+    monkeypatch.setattr("fleetspec.ops.rollback.rollback",
+                        lambda t, h, root, to, **k: went.setdefault(h.name, to))
+    obj = SimpleNamespace(transport=lambda h: None, root_path=tmp_path)
+    strategy = fleet.Strategy.parse(3, canary=0, serial="3", max_fail="0", parallel=0, rollback_all_on_abort=True)
+    out = {o.host: o for o in fleet.deploy_fleet(obj, hosts, None, options={}, strategy=strategy,
+                                                  echo=lambda line: None)}
+    assert went == {"a": "R-a-old", "b": None}            # c reverted itself; it is not touched again
+    assert out["a"].status == "rolled_back" and "R-a-old" in out["a"].reason
+    assert out["b"].status == "rolled_back" and "baseline" in out["b"].reason
+
+
+@pytest.fixture
+def t(sshd, ssh_client_key, inventory_writer, tmp_path):
+    inv = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key))
+    t = Transport(inv.hosts["h"])
+    yield t
+    t.close()
+
+
+def test_a_deploy_outcome_names_the_release_the_host_was_on(t, tmp_path, monkeypatch):
+    """What the fleet returns to comes from the host: `current` as the locked baseline step read it."""
+    from fleetspec.ops import deploy as deploy_mod
+
+    unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
+    pf = SimpleNamespace(unit_bytes=unit, dropins={}, redact=lambda text: text, summary=lambda: {}, baseline=None,
+                         playbook=None)
+    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
+
+    def stage(self):
+        raise StepFailed("stage", "stopped here by the test")
+    monkeypatch.setattr(Deploy, "_stage", stage)
+    host = t.host
+    d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path),
+               echo=lambda line: None)
+    d.state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
+    d.state.write_baseline(Baseline(service="svc.service", unit_path="/etc/systemd/system/svc.service",
+                                    unit_bytes=unit, dropins={}, exec_argv=[], environment={}, sglang={},
+                                    served_algorithm=None, declared_algorithm=None, taken_at=time.time()))
+    release = d.state.layout.release("20990101T000000Z-ddtree-old")
+    t.run_script(f"mkdir -p {release} && ln -sfn {release} {d.state.layout.current}", timeout=10, check=True)
+    out = d.run()
+    assert out.failed_step == "stage" and out.previous == "20990101T000000Z-ddtree-old"

@@ -1,0 +1,241 @@
+"""The deploy lock against a real sshd on loopback and real flock (issue 13, items 6 and 7).
+
+Two controllers are two controller ids in one test process ($FLEETSPEC_CONTROLLER_ID), on one
+hostname: exactly the cloned-VM / CI-runner case. Heartbeat and staleness are shortened by their
+environment settings so a "session that stopped" is seconds old, not 30 s.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+import time
+from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
+
+import pytest
+
+from fleetspec.errors import UserError
+from fleetspec.identity import ENV, controller_id
+from fleetspec.model import ledger as L
+from fleetspec.model.inventory import load_inventory
+from fleetspec.model.layout import HostLayout
+from fleetspec.ops.hoststate import HostState
+from fleetspec.remote.lock import (Holder, LockLost, RemoteLock, force_unlock, is_held, read_holder,
+                                   record_path)
+from fleetspec.remote.transport import Transport
+
+A, B = "controller-aaaaaaaa", "controller-bbbbbbbb"
+
+
+@pytest.fixture(scope="module")
+def host(sshd, ssh_client_key, inventory_writer, tmp_path_factory):
+    inv = load_inventory(inventory_writer(tmp_path_factory.mktemp("inv") / "inv.yaml", {"h": sshd}, ssh_client_key))
+    return inv.hosts["h"]
+
+
+@pytest.fixture
+def t(host):
+    t = Transport(host)
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setenv("FLEETSPEC_LOCK_HEARTBEAT_S", "0.1")
+    monkeypatch.setenv("FLEETSPEC_LOCK_STALE_S", "1")
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def _holder(controller: str, pid: int, machine: str | None = None) -> Holder:
+    return Holder(who="ci", machine=machine or socket.gethostname(), pid=pid, since=time.time(), release="r-held",
+                  controller=controller, token=secrets.token_hex(16))
+
+
+def test_controller_id_is_made_once_kept_0600_and_reused(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    first = controller_id()
+    path = tmp_path / "fleetspec" / "controller-id"
+    assert path.read_text().strip() == first and len(first) == 32
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert controller_id() == first
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "other"))      # another controller
+    assert controller_id() != first
+
+
+def test_a_holder_from_another_controller_with_the_same_hostname_is_not_ended(t, tmp_path, monkeypatch):
+    """6a: same hostname, its pid dead *here* means nothing: it is another controller's pid."""
+    lock = str(tmp_path / "lock")
+    monkeypatch.setenv(ENV, A)
+    held = RemoteLock(t, lock, release="r-held", holder=_holder(A, _dead_pid()), heartbeat=False).__enter__()
+    try:
+        monkeypatch.setenv(ENV, B)
+        with pytest.raises(UserError, match="is held by ci"):
+            RemoteLock(t, lock, release="r-b").__enter__()
+        assert is_held(t, lock) and read_holder(t, lock).token == held.holder.token
+        monkeypatch.setenv(ENV, A)        # its own controller knows that pid is gone: ends it
+        notes = []
+        with RemoteLock(t, lock, release="r-a", note=notes.append) as mine:
+            assert read_holder(t, lock).token == mine.holder.token
+        assert any("ending a stale lock" in n for n in notes)
+    finally:
+        held.__exit__(None, None, None)
+
+
+def test_unlock_force_refuses_a_holder_whose_session_is_alive_on_the_host(t, tmp_path, monkeypatch, fast):
+    """6b: a holder from another machine whose session still beats on the host is not forced;
+    once its heartbeats stop (its controller suspended, or its link cut) it is."""
+    lock = str(tmp_path / "lock")
+    monkeypatch.setenv(ENV, A)
+    held = RemoteLock(t, lock, release="r-held", holder=_holder(A, 4242, machine="bastion.example")).__enter__()
+    try:
+        monkeypatch.setenv(ENV, B)
+        time.sleep(1.6)                                 # older than the stale limit: only heartbeats keep it
+        with pytest.raises(UserError, match="still alive"):
+            force_unlock(t, lock)
+        assert is_held(t, lock)
+        held.stop_heartbeat()
+        time.sleep(1.6)
+        ended = force_unlock(t, lock)
+        assert ended.token == held.holder.token and not is_held(t, lock)
+    finally:
+        held.__exit__(None, None, None)
+
+
+def test_unlock_force_refuses_a_live_process_of_this_controller(t, tmp_path, monkeypatch, fast):
+    lock = str(tmp_path / "lock")
+    monkeypatch.setenv(ENV, A)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    held = RemoteLock(t, lock, release="r", holder=_holder(A, sleeper.pid), heartbeat=False).__enter__()
+    try:
+        time.sleep(1.6)                                 # heartbeat stale, but the process is alive here
+        with pytest.raises(UserError, match="still running"):
+            force_unlock(t, lock)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        held.__exit__(None, None, None)
+
+
+def _state(t, tmp_path) -> HostState:
+    state = HostState(t, "h", "svc.service")
+    state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
+    return state
+
+
+def _steal(t, lock: str, old: RemoteLock, monkeypatch) -> RemoteLock:
+    """Another controller forces the (now silent) holder out and takes the lock."""
+    old.stop_heartbeat()
+    time.sleep(1.6)
+    monkeypatch.setenv(ENV, B)
+    assert force_unlock(t, lock).token == old.holder.token
+    return RemoteLock(t, lock, release="r-new").__enter__()
+
+
+def test_a_lost_lock_stops_the_next_step_and_release_keeps_the_new_holders_record(t, tmp_path, monkeypatch, fast):
+    """6c and 6d at the HostState level: once stolen, a ledger line (each step starts with one)
+    raises LockLost and writes nothing; leaving removes only our own record."""
+    monkeypatch.setenv(ENV, A)
+    state = _state(t, tmp_path)
+    lock = str(state.layout.lock)
+    mine = RemoteLock(t, lock, release="r-a").__enter__()
+    state.lock = mine
+    state.record(L.Entry.step("r-a", "stage", "started"))
+    new = _steal(t, lock, mine, monkeypatch)
+    try:
+        with pytest.raises(LockLost, match="lost the lock"):
+            state.record(L.Entry.step("r-a", "switch", "started"))
+        assert [e.name for e in state.ledger().entries] == ["stage"]
+        mine.__exit__(None, None, None)
+        assert read_holder(t, lock).token == new.holder.token
+        assert Path(record_path(lock, new.holder.token)).is_file() and is_held(t, lock)
+        assert t.run_script(new.guard(), timeout=10).rc == 0          # the new holder still holds it
+    finally:
+        new.__exit__(None, None, None)
+    assert not Path(record_path(lock, new.holder.token)).exists()
+
+
+# Deploy under the lock (items 6c/6d and 7) ---------------------------------------------------------
+class _Pf:
+    """What Deploy.run reads of a preflight before `baseline`; the real preflight needs systemd."""
+
+    def __init__(self, on_summary=lambda: None):
+        self.on_summary = on_summary
+
+    def redact(self, text):
+        return text
+
+    def summary(self):
+        self.on_summary()
+        return {}
+
+
+def _deploy(t, host, tmp_path, monkeypatch, pf, baseline_step=None):
+    from fleetspec.ops import deploy as deploy_mod
+
+    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
+    if baseline_step is not None:
+        monkeypatch.setattr(deploy_mod.Deploy, "_baseline", baseline_step)
+    req = deploy_mod.DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path)
+    d = deploy_mod.Deploy(t, req, echo=lambda line: None)
+    d.state.layout = _state(t, tmp_path).layout
+    return d
+
+
+def test_a_deploy_that_loses_its_lock_stops_before_the_next_step(t, host, tmp_path, monkeypatch, fast):
+    monkeypatch.setenv(ENV, A)
+    stolen = {}
+
+    def baseline_step(self):          # while this step runs, another controller takes the lock
+        stolen["lock"] = _steal(t, str(self.state.layout.lock), self.lock, monkeypatch)
+        return {}
+
+    d = _deploy(t, host, tmp_path, monkeypatch, _Pf(), baseline_step)
+    try:
+        out = d.run()
+        assert (out.status, out.exit_code, out.failed_step) == ("failed", 1, "baseline"), out
+        assert "lost the lock" in out.reason and "not changed" in out.reason
+        lines = [(e.name, e.state) for e in d.state.ledger().entries if e.release == d.release_id]
+        assert lines[-1] == ("baseline", "started") and ("stage", "started") not in lines   # nothing after the theft
+        assert read_holder(t, str(d.state.layout.lock)).token == stolen["lock"].holder.token
+    finally:
+        stolen["lock"].__exit__(None, None, None)
+
+
+def test_an_interrupted_deploy_that_appears_before_the_lock_is_refused_under_it(t, host, tmp_path, monkeypatch):
+    """7: the check is repeated under the lock: a deploy that switched and died between this one's
+    preflight and its lock must not become its "previous good state"."""
+    monkeypatch.setenv(ENV, A)
+    d = None
+
+    def sneak_in():                   # another deploy's story lands after preflight looked
+        other = _state(t, tmp_path)
+        other.record(L.Entry.status("20990101T000000Z-other", L.STAGED))
+        other.record(L.Entry.status("20990101T000000Z-other", L.SWITCHED, previous="baseline"))
+
+    pf = _Pf()
+    d = _deploy(t, host, tmp_path, monkeypatch, pf,
+                baseline_step=lambda self: pytest.fail("the baseline step ran after an interrupted switch"))
+    monkeypatch.setattr("fleetspec.ops.deploy.RemoteLock.__enter__",
+                        _wrap_enter(sneak_in), raising=True)
+    out = d.run()
+    assert (out.status, out.exit_code, out.failed_step) == ("needs_attention", 3, "preflight"), out
+    assert "20990101T000000Z-other" in out.reason and out.evidence["command"] == f"fleetspec rollback {host.name}"
+    assert d.state.ledger().releases()[d.release_id] == L.FAILED
+
+
+def _wrap_enter(before):
+    real = RemoteLock.__enter__
+
+    def enter(self):
+        before()
+        return real(self)
+    return enter
