@@ -169,3 +169,21 @@ def fleet_root(tmp_path) -> Path:
 def inventory_writer():
     """The write_inventory helper, for tests that build inventories of loopback sshds."""
     return write_inventory
+
+
+# A skip for a missing prerequisite (sshd, a cached wheel, torch, root, nspawn) hides a broken
+# set-up; under CI (`CI` set, as .ci/run has it) it counts as a failure instead.
+_PREREQUISITE_SKIPS = ("not installed", "not cached", "no wheel cache", "need root", "lab tests need",
+                       "could not import", "not registered")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not os.environ.get("CI") or not report.skipped or call.excinfo is None:
+        return
+    reason = str(call.excinfo.value)
+    if any(word in reason for word in _PREREQUISITE_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = f"CI set, but a prerequisite is missing (the set-up should have installed it): {reason}"
