@@ -64,3 +64,26 @@ def echo_table(headers: list[str], rows: list[list]) -> None:
     for row in rows:
         table.add_row(*[str(c) for c in row])
     Console(width=max(120, Console().width), soft_wrap=False).print(table)
+
+
+def verbose_observer(obj, stream=None):
+    """`-v`: one line per remote action on stderr: host, seconds, outcome, then the command
+    (continuation lines indented). Values of the inventory's secret env vars are hidden too."""
+    lock = threading.Lock()
+
+    def secrets() -> list[str]:
+        inv = obj.__dict__.get("inv")
+        if inv is None:
+            return []
+        values = {h.vars.api_key.value() for h in inv.hosts.values() if h.vars.api_key}
+        return sorted((v for v in values if v and len(v) >= 4), key=len, reverse=True)
+
+    def observe(host: str, what: str, seconds: float, outcome: str) -> None:
+        for value in secrets():
+            what = what.replace(value, "***")
+        lines = what.strip("\n").splitlines() or [""]
+        text = f"[{host}] {seconds:.3f}s {outcome}: {lines[0]}" + "".join(f"\n    {x}" for x in lines[1:])
+        with lock:
+            click.echo(text, err=True, file=stream)
+
+    return observe
