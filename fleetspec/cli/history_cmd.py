@@ -184,7 +184,7 @@ def print_story(host_name: str, r, out: Out) -> None:
         head = f"  {s.name.ljust(name_w)}  {s.state:<7}  {_secs(s.seconds):>7}"
         out.styled(head, s.state, STATUS_STYLE.get(s.state, "red" if s.state == "failed" else None))
         detail = {k: v for k, v in s.detail.items() if k != "evidence"}
-        for ln in pretty(None, detail, w, "      "):
+        for ln in pretty(None, detail, w, "      ") if detail else ():
             out.line(ln)
         if s.detail.get("evidence"):
             out.line("      evidence:", [(6, 15, "bold")])
