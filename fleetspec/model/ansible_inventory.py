@@ -90,7 +90,8 @@ def detect(path: Path) -> str:
     try:
         data = yaml.load(text, Loader=AnsibleLoader)  # noqa: S506
     except yaml.YAMLError:
-        return "ini"
+        # Not YAML: an INI inventory if it has a section header, else the native loader says why.
+        return "ini" if re.search(r"(?m)^\s*\[[^\]]+\]\s*(?:[#;].*)?$", text) else "native"
     if isinstance(data, dict):
         if "defaults" in data or isinstance(data.get("hosts"), dict) and all(
                 isinstance(v, dict) and "address" in v for v in data["hosts"].values()):
@@ -275,7 +276,9 @@ def native_data(path: Path) -> dict | None:
         merged.update(_folder_vars(path.parent / "host_vars", name))
         _check_vault(path, f"host {name}", merged)
         hosts[name] = _host_entry(path, name, merged, in_groups, depth, overlay)
-    groups = {g: [h for h in tree.hosts if h in members[g]] for g in tree.groups
+    # Parents before children, else in order of appearance: the same groups whichever syntax.
+    order = sorted(tree.groups, key=lambda g: (depth[g], list(tree.groups).index(g)))
+    groups = {g: [h for h in tree.hosts if h in members[g]] for g in order
               if g not in ("all", "ungrouped") and members[g]}
     return {"hosts": hosts, "groups": groups}
 
