@@ -52,17 +52,21 @@ def complete_algos(ctx, param, incomplete):
 
 @_safe
 def complete_releases(ctx, param, incomplete):
-    """Release ids from the local mirror of the host's ledger, newest first."""
+    """Release ids from the local mirror of the host's ledger (every host's when the host is not
+    known yet, e.g. `rollback HOST --to <TAB>`), newest first."""
     from fleetspec.model import ledger as L
     from fleetspec.ops.history import mirror_dir, releases
 
     c = _context(ctx)
     host_name = ctx.params.get("host") or next(iter(ctx.params.get("targets") or ()), None)
     host = c.inv.hosts.get(host_name) if host_name else None
-    if host is None:
-        return []
-    local = mirror_dir(c.root_path, host) / "ledger.jsonl"
-    if not local.is_file():
-        return []
-    rels = releases(L.parse(local.read_text(errors="replace")))
-    return [CompletionItem(r.id, help=r.status) for r in reversed(rels) if r.id.startswith(incomplete)]
+    if host is not None:
+        files = [mirror_dir(c.root_path, host) / "ledger.jsonl"]
+    else:
+        files = sorted((c.root_path / ".fleetspec" / "hosts").glob("*/*/ledger.jsonl"))
+    seen: dict[str, str] = {}
+    for f in files:
+        if f.is_file():
+            for r in releases(L.parse(f.read_text(errors="replace"))):
+                seen[r.id] = r.status
+    return [CompletionItem(rid, help=seen[rid]) for rid in sorted(seen, reverse=True) if rid.startswith(incomplete)]
