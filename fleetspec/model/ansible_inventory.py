@@ -81,6 +81,9 @@ def _yaml(path: Path, text: str) -> Any:
         raise ConfigError(path, None, f"invalid YAML: {err}") from None
 
 
+_INI_HEADER = re.compile(r"(?m)^\s*\[[^\]]+\]\s*(?:[#;].*)?$")
+
+
 def detect(path: Path) -> str:
     """'native', 'yaml' (Ansible YAML) or 'ini' (Ansible INI)."""
     refuse_dynamic(path)
@@ -91,7 +94,7 @@ def detect(path: Path) -> str:
         data = yaml.load(text, Loader=AnsibleLoader)  # noqa: S506
     except yaml.YAMLError:
         # Not YAML: an INI inventory if it has a section header, else the native loader says why.
-        return "ini" if re.search(r"(?m)^\s*\[[^\]]+\]\s*(?:[#;].*)?$", text) else "native"
+        return "ini" if _INI_HEADER.search(text) else "native"
     if isinstance(data, dict):
         if "defaults" in data or isinstance(data.get("hosts"), dict) and all(
                 isinstance(v, dict) and "address" in v for v in data["hosts"].values()):
@@ -102,7 +105,9 @@ def detect(path: Path) -> str:
         return "native"      # let the native loader name what is wrong
     if text.lstrip().startswith("$ANSIBLE_VAULT"):
         return "yaml"
-    return "ini" if data is None or isinstance(data, (str, list)) else "native"
+    if isinstance(data, list):          # `[gpu]` alone is a YAML list too
+        return "ini" if _INI_HEADER.search(text) else "native"
+    return "ini" if data is None or isinstance(data, str) else "native"
 
 
 # ---- the group tree ------------------------------------------------------------------------------
