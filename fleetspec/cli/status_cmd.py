@@ -79,37 +79,60 @@ def _emit(rows, as_json: bool) -> None:
         _table(rows)
 
 
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    style = STYLES.get(str(value))
-    return f"[{style}]{value}[/{style}]" if style else str(value)
+HEADERS = ("host", "health", "state", "algo", "sglang", "release", "drift", "service")
+
+
+def _cells(r) -> list[str]:
+    if not r.reachable:
+        return [r.host, "unreachable", "-", "-", "-", "-", "-", r.service]
+    release = f"{r.release} ({r.release_status or '?'})" if r.release else "-"
+    return [r.host, r.health or "-", r.state or "-", r.algo or "-", r.sglang or "-", release, r.drift or "-",
+            r.service]
 
 
 def _table(rows) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.markup import escape
+    """One line per host when the terminal is wide enough (drift wraps at spaces), else the
+    short facts on one line and release, drift and service wrapped beneath. Nothing is cut."""
+    from fleetspec.cli.history_cmd import Out, wrap
 
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("host", "reachable", "service", "state", "algo", "sglang", "release", "drift", "health"):
-        table.add_column(col)
+    out = Out()
+    table = [_cells(r) for r in rows]
+    fixed = [max(len(h), *(len(c[i]) for c in table)) for i, h in enumerate(HEADERS)]
+    drift_i = HEADERS.index("drift")
+    order = [i for i in range(len(HEADERS)) if i != drift_i] + [drift_i]    # drift last: it may wrap
+    room = out.width - sum(fixed[i] + 2 for i in order[:-1])
     notes = []
+    if room >= min(fixed[drift_i], 24):
+        head = "".join(HEADERS[i].ljust(fixed[i] + 2) for i in order[:-1])
+        out.line(head + HEADERS[drift_i], [(0, len(head) + 5, "bold")])
+        for cells in table:
+            line = "".join(cells[i].ljust(fixed[i] + 2) for i in order[:-1])
+            drift = wrap(cells[drift_i], room)
+            spans = _spans(line, cells, [(i, sum(fixed[j] + 2 for j in order[:order.index(i)])) for i in (1, 2)])
+            out.line(line + drift[0], spans)
+            for extra in drift[1:]:
+                out.line(" " * len(line) + extra)
+    else:
+        for cells in table:
+            line = "  ".join(cells[:5])
+            out.line(line, _spans(line, cells, [(1, len(cells[0]) + 2), (2, len(cells[0]) + len(cells[1]) + 4)]))
+            rest = f"release {cells[5]}; drift {cells[6]}; service {cells[7]}"
+            for ln in wrap(rest, out.width, "    ", "  "):
+                out.line(ln)
     for r in rows:
-        if not r.reachable:
-            table.add_row(r.host, _cell("unreachable"), r.service, "-", "-", "-", "-", "-", "-")
-            notes.append(_note(r.host, r.error))
-            continue
-        release = f"{r.release} ({r.release_status or '?'})" if r.release else "-"
-        table.add_row(r.host, "yes", r.service, _cell(r.state), _cell(r.algo), _cell(r.sglang), escape(release),
-                      _cell(r.drift), _cell(r.health))
-        notes.extend(_note(r.host, n) for n in r.notes)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 200))  # logs and pipes: never cut a cell
-    console.print(table)
+        notes += [_note(r.host, r.error)] if not r.reachable else [_note(r.host, n) for n in r.notes]
     for n in notes:
-        console.print(escape(n), style="dim", highlight=False)
+        for ln in wrap(n, out.width, "    ", ""):
+            out.line(ln, [(0, len(ln), "dim")])
+
+
+def _spans(line: str, cells: list[str], where) -> list:
+    out = []
+    for i, start in where:
+        style = STYLES.get(cells[i])
+        if style:
+            out.append((start, start + len(cells[i]), style))
+    return out
 
 
 def _note(host: str, text: str) -> str:

@@ -175,3 +175,19 @@ def test_classify_is_pure():
     assert S.classify("refused", "active", "running", 901, 900)[0] == "down"
     assert S.classify("refused", "inactive", "dead", None, 900)[0] == "down"
     assert S.classify("refused", None, None, None, 900)[0] == "down"                   # no systemd to ask
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_table_fits_the_terminal_and_cuts_nothing(fleet, columns):
+    root, unit = fleet
+    unit.start(delay=60)
+    r = CliRunner().invoke(main, ["--root", str(root), "status"], env={"COLUMNS": str(columns), "NO_COLOR": "1"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert all(len(ln) <= columns for ln in lines), lines
+    words = set(r.output.split())
+    assert {"ct203", "loading", "active/running", "sglang-qwen.service"} <= words, r.output
+    row = next(ln for ln in lines if ln.startswith("ct203"))
+    assert row.split()[1:3] == ["loading", "active/running"]
+    flat = " ".join(r.output.split())
+    assert "ct203: loading: port not answering yet (started" in flat and "ready timeout 30s)" in flat
