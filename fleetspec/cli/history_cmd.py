@@ -78,8 +78,8 @@ def print_table(rels, out: Out) -> None:
     for r in rels:
         failing = f"{r.failed_step}" if r.failed_step else "-"
         rows.append([r.id, r.algo, r.status, _when(r.started)[:-4] + "Z", _secs(r.seconds), failing,
-                     "; ".join(headline(r.figures)) or "-"])
-    headers = ["release", "algo", "status", "when (UTC)", "took", "failed at", "gate figures"]
+                     "; ".join([*headline(r.figures), *r.events]) or "-"])
+    headers = ["release", "algo", "status", "when (UTC)", "took", "failed at", "gate figures, later events"]
     fixed = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers[:-1])]
     room = out.width - sum(fixed) - 2 * len(fixed)
     if room >= 24:
@@ -107,14 +107,20 @@ def _columns(headers, rows, fixed, room, out: Out) -> None:
 
 def _records(rels, rows, out: Out) -> None:
     """Narrow terminals: the tokens on one line, the failing step and figures wrapped below."""
+    from fleetspec.ops.history import headline
+
     for r, row in zip(rels, rows):
         head = f"{row[0]}  {row[1]}  {row[2]}  {row[3]}  {row[4]}"
         out.styled(head, f"  {row[2]}  ", STATUS_STYLE.get(row[2]))
         if r.failed_step:
             for ln in wrap(f"failed at {r.failed_step}: {r.reason or ''}".rstrip(": "), out.width, "    ", "  "):
                 out.line(ln)
-        if row[6] != "-":
-            for ln in wrap(f"gates: {row[6]}", out.width, "    ", "  "):
+        figs = "; ".join(headline(r.figures))
+        if figs:
+            for ln in wrap(f"gates: {figs}", out.width, "    ", "  "):
+                out.line(ln)
+        if r.events:
+            for ln in wrap(f"then: {'; '.join(r.events)}", out.width, "    ", "  "):
                 out.line(ln)
 
 
@@ -176,6 +182,9 @@ def print_story(host_name: str, r, out: Out) -> None:
     figs = headline(r.figures)
     if figs:
         for ln in wrap("gates: " + "; ".join(figs), w, "    ", "  "):
+            out.line(ln)
+    if r.events:
+        for ln in wrap("then: " + "; ".join(r.events), w, "    ", "  "):
             out.line(ln)
     out.line()
     out.line("steps", [(0, 5, "bold")])

@@ -68,6 +68,7 @@ class Release:
     failed_step: str | None = None
     reason: str | None = None
     figures: dict = field(default_factory=dict)      # gate name -> figures
+    events: list[str] = field(default_factory=list)  # what happened to it later (`fleetspec rollback`)
 
     @property
     def seconds(self) -> float:
@@ -83,7 +84,7 @@ class Release:
     def to_json(self) -> dict:
         return {"release": self.id, "algo": self.algo, "status": self.status, "started": self.started,
                 "seconds": round(self.seconds, 3), "failed_step": self.failed_step, "reason": self.reason,
-                "figures": self.figures, "headline": headline(self.figures)}
+                "figures": self.figures, "headline": headline(self.figures), "events": self.events}
 
 
 def algo_of(release_id: str) -> str:
@@ -133,6 +134,10 @@ def releases(parsed: L.ParsedLedger) -> list[Release]:
             figures = (detail.get("evidence") or {}).get("figures")
         if isinstance(figures, dict):
             r.figures.update(figures)
+        if e.name == "rollback" and e.state in ("ok", "failed"):
+            r.events.append(f"rollback to {detail.get('to') or step.detail.get('to') or '?'}"
+                            + (" failed" if e.state == "failed" else ""))
+            continue
         if e.state == "failed" and r.failed_step is None:
             r.failed_step, r.reason = e.name, detail.get("reason")
     return list(out.values())

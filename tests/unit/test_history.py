@@ -224,3 +224,13 @@ def test_releases_fold_the_ledger(story):
     assert rels[ids["gates"]].failed_step == "gates" and rels[ids["gates"]].evidence["figures"]["throughput"]
     assert rels[ids["stage"]].algo == "nextn"
     assert H.headline({"parity": {"prompts_compared": 4}}) == ["parity 4 prompts identical"]
+
+
+def test_an_operator_rollback_shows_as_a_later_event(story):
+    """`fleetspec rollback` writes its lines under the release it left (ops/rollback.py)."""
+    _, ids, text = story
+    rid = ids["healthy"]
+    text += L.render([L.Entry.step(rid, "rollback", "started", to="baseline", interrupted=[]),
+                      L.Entry.step(rid, "rollback", "ok", to="baseline", waited_s=12.5)])
+    rel = next(r for r in H.releases(L.parse(text)) if r.id == rid)
+    assert rel.status == "healthy" and rel.events == ["rollback to baseline"] and rel.failed_step is None
