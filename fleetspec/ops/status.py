@@ -178,14 +178,20 @@ def ready_timeout(host: Host) -> float:
 
 
 def classify(http: str, active_state: str | None, sub_state: str | None, up_s: float | None,
-             timeout: float) -> tuple[str, str | None]:
-    """Pure: (health, note) from what /health said and what systemd says about the unit."""
+             timeout: float, n_restarts: int | None = 0) -> tuple[str, str | None]:
+    """Pure: (health, note) from what /health said and what systemd says about the unit.
+    NRestarts counts systemd's own restarts since the last start by hand (a manual start
+    resets it): a unit that is starting again after crashing is down, not loading."""
     if http == "200":
         return OK, None
     if http.isdigit():
         return UNHEALTHY, f"/health answers HTTP {http}"
-    restarting = sub_state == "auto-restart"        # it crashed and systemd is about to try again
-    if active_state in STARTING_STATES and not restarting:
+    if sub_state == "auto-restart":                 # it crashed and systemd is about to try again
+        return DOWN, f"unit {active_state}/{sub_state}: it exited and systemd restarts it"
+    if active_state in STARTING_STATES and n_restarts:
+        return DOWN, (f"crash loop: systemd restarted it {n_restarts} time{'s' if n_restarts > 1 else ''} "
+                      f"since it was last started by hand")
+    if active_state in STARTING_STATES:
         if up_s is not None and up_s > timeout:
             return DOWN, f"port not answering {up_s:.0f}s after start, past the ready timeout ({timeout:.0f}s)"
         since = f"started {up_s:.0f}s ago, " if up_s is not None else ""
@@ -208,7 +214,8 @@ def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None)
             row.notes.append(_short_error(err))
     active = unit.active_state if unit is not None and getattr(unit, "found", False) else None
     sub = unit.sub_state if active else None
-    row.health, note = classify(row.http, active, sub, row.up_s, row.ready_timeout)
+    restarts = unit.n_restarts if active else None
+    row.health, note = classify(row.http, active, sub, row.up_s, row.ready_timeout, restarts)
     if note and row.health != OK:
         row.notes.append(f"{host.name}: {row.health}: {note}")
     launch_algo = None

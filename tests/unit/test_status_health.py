@@ -171,7 +171,10 @@ def test_classify_is_pure():
     assert S.classify("200", None, None, None, 900) == ("ok", None)
     assert S.classify("503", "active", "running", 5, 900)[0] == "unhealthy"
     assert S.classify("refused", "activating", "start", 5, 900)[0] == "loading"
-    assert S.classify("refused", "activating", "auto-restart", 5, 900)[0] == "down"    # crash loop
+    assert S.classify("refused", "activating", "auto-restart", 5, 900)[0] == "down"    # between two tries
+    assert S.classify("refused", "active", "running", 5, 900, n_restarts=2) == \
+        ("down", "crash loop: systemd restarted it 2 times since it was last started by hand")
+    assert S.classify("503", "active", "running", 5, 900, n_restarts=2)[0] == "unhealthy"
     assert S.classify("refused", "active", "running", 901, 900)[0] == "down"
     assert S.classify("refused", "inactive", "dead", None, 900)[0] == "down"
     assert S.classify("refused", None, None, None, 900)[0] == "down"                   # no systemd to ask
