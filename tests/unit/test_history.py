@@ -234,3 +234,44 @@ def test_an_operator_rollback_shows_as_a_later_event(story):
                       L.Entry.step(rid, "rollback", "ok", to="baseline", waited_s=12.5)])
     rel = next(r for r in H.releases(L.parse(text)) if r.id == rid)
     assert rel.status == "healthy" and rel.events == ["rollback to baseline"] and rel.failed_step is None
+
+
+def _root_with_mirror(tmp_path: Path, host: str, text: str, service: str = "sglang-qwen.service") -> Path:
+    root = tmp_path / "root"
+    for sub in ("inventory", "playbooks", "templates"):
+        (root / sub).mkdir(parents=True)
+    (root / "inventory" / "lab.yaml").write_text(
+        f"defaults: {{known_hosts: {root / 'kh'}, connect_timeout: 1, vars: {{service: {service}}}}}\n"
+        f"hosts:\n  {host}: {{address: 127.0.0.1, port: {free_port()}}}\n")
+    mirror = root / ".fleetspec" / "hosts" / host / service
+    mirror.mkdir(parents=True)
+    (mirror / "ledger.jsonl").write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURE.glob("lab-*.jsonl")))
+def test_ledgers_captured_from_lab_deploys_at_80_columns(tmp_path, fixture):
+    """Ledgers a lab deploy wrote (mirrors copied from real runs on ct133/ct203): the table and
+    every release's story fit 80 columns and print every recorded value whole."""
+    text = (FIXTURE / fixture).read_text()
+    host = fixture.removeprefix("lab-").removesuffix(".jsonl").split("-")[0]
+    root = _root_with_mirror(tmp_path, host, text)
+    parsed = L.parse(text)
+    assert not parsed.skipped
+    table = cli(root, "history", host)
+    assert table.returncode == 0, table.stderr
+    assert_fits(table.stdout, 80)
+    for rel in H.releases(parsed):
+        assert rel.id in words_of(table.stdout) and rel.status in words_of(table.stdout)
+        story = cli(root, "history", host, rel.id)
+        assert story.returncode == 0, story.stderr
+        assert_fits(story.stdout, 80)
+        words = words_of(story.stdout)
+        for e in parsed.entries:
+            if e.release != rel.id:
+                continue
+            for value in leaf_strings({k: v for k, v in e.detail.items() if k != "seconds"}):
+                for word in value.split():
+                    assert word in words or any(word in w for w in words), (word, e.name)
+        for name in {e.name for e in parsed.entries if e.release == rel.id and e.kind == "step"}:
+            assert name in words
