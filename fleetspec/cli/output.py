@@ -54,16 +54,63 @@ class Progress:
             self._shown = False
 
 
-def echo_table(headers: list[str], rows: list[list]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def echo_table(headers: list[str], rows: list[list], width: int | None = None) -> None:
+    """A table that fits the terminal and never cuts a word: columns without spaces keep their
+    width, the others wrap at spaces; when even that does not fit, one block per row."""
+    for line in table_lines(headers, rows, width or _width()):
+        click.echo(line)
 
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for h in headers:
-        table.add_column(h, overflow="fold")
-    for row in rows:
-        table.add_row(*[str(c) for c in row])
-    Console(width=max(120, Console().width), soft_wrap=False).print(table)
+
+def _width() -> int:
+    from rich.console import Console
+
+    return Console().width
+
+
+def table_lines(headers: list[str], rows: list[list], width: int) -> list[str]:
+    import textwrap
+
+    cells = [[str(c) for c in row] for row in rows]
+    n = len(headers)
+    natural = [max([len(headers[i])] + [len(r[i]) for r in cells]) for i in range(n)]
+    longest = [max([len(w) for r in cells for w in r[i].split()] + [len(headers[i])]) for i in range(n)]
+    wraps = [i for i in range(n) if natural[i] > longest[i]]
+    room = width - 2 * (n - 1) - sum(natural[i] for i in range(n) if i not in wraps)
+    widths = list(natural)
+    if wraps and room < sum(natural[i] for i in wraps):
+        need = sum(longest[i] for i in wraps)
+        if room < need:
+            return _blocks(headers, cells, width)
+        spare = room - need                     # shared in proportion to what each would like
+        want = sum(natural[i] - longest[i] for i in wraps)
+        for i in wraps:
+            widths[i] = longest[i] + spare * (natural[i] - longest[i]) // want
+    elif room < 0:
+        return _blocks(headers, cells, width)
+
+    def render(row: list[str]) -> list[str]:
+        parts = [textwrap.wrap(c, widths[i], break_long_words=False, break_on_hyphens=False) or [""]
+                 if i in wraps else [c] for i, c in enumerate(row)]
+        height = max(len(p) for p in parts)
+        return ["  ".join((p[k] if k < len(p) else "").ljust(widths[i]) for i, p in enumerate(parts)).rstrip()
+                for k in range(height)]
+
+    out = render(list(headers))
+    for row in cells:
+        out += render(row)
+    return out
+
+
+def _blocks(headers: list[str], cells: list[list[str]], width: int) -> list[str]:
+    import textwrap
+
+    out = []
+    for row in cells:
+        out.append(row[0])
+        for h, c in zip(headers[1:], row[1:]):
+            out += textwrap.wrap(f"{h}: {c}", width, initial_indent="  ", subsequent_indent="      ",
+                                 break_long_words=False, break_on_hyphens=False) or [f"  {h}:"]
+    return out
 
 
 def verbose_observer(obj, stream=None):
