@@ -127,7 +127,7 @@ def _records(rels, rows, out: Out) -> None:
 # ---- one release's story -------------------------------------------------------------------
 
 def _scalar(v) -> str:
-    if isinstance(v, bool) or v is None:
+    if isinstance(v, bool) or v is None or v == "":
         return json.dumps(v)
     if isinstance(v, float):
         return f"{v:g}"
