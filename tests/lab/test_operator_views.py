@@ -83,9 +83,11 @@ def test_ansible_inventories_drive_status_deploy_and_rollback(lab_fleet, tmp_pat
         ansible_port=22
         ansible_ssh_private_key_file={key}
         fleetspec_known_hosts={kh}
-        fleetspec_extra={json.dumps(dict(v.extra))}
         """))
-    yml = tmp_path / "hosts.yml"
+    (tmp_path / "group_vars").mkdir()         # nested values live in YAML beside the INI, as in Ansible
+    (tmp_path / "group_vars" / "lab.yml").write_text(json.dumps({"fleetspec_extra": dict(v.extra)}))
+    yml = tmp_path / "yaml" / "hosts.yml"
+    yml.parent.mkdir()
     yml.write_text(json.dumps({"lab": {
         "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(key), "fleetspec_known_hosts": str(kh),
                  "fleetspec_extra": dict(v.extra)},
