@@ -175,12 +175,8 @@ def test_inventory_show_redacts(tmp_path, ssh_client_key, monkeypatch):
     path = tmp_path / "hosts.ini"
     path.write_text(ini_text(ssh_client_key, tmp_path / "kh", 2201, 2202)
                     + "ansible_password=hunter2-secret\nfleetspec_api_key_env=OPX_TEST_KEY\n")
-    env_before = os.environ.get("OPX_TEST_KEY")
-    os.environ["OPX_TEST_KEY"] = "sk-very-secret-value"
-    try:
-        r = cli("--root", str(root), "-i", str(path), "inventory", "show")
-    finally:
-        os.environ.pop("OPX_TEST_KEY") if env_before is None else os.environ.__setitem__("OPX_TEST_KEY", env_before)
+    monkeypatch.setenv("OPX_TEST_KEY", "sk-very-secret-value")      # the child process inherits it
+    r = cli("--root", str(root), "-i", str(path), "inventory", "show")
     assert r.returncode == 0, r.stderr
     assert "hunter2" not in r.stdout and "sk-very-secret-value" not in r.stdout
     assert "from $OPX_TEST_KEY (set; value redacted)" in r.stdout
