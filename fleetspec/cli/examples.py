@@ -1,4 +1,5 @@
-"""One example line in every command's --help, and the lab's fault kinds listed from the code.
+"""One example line in every command's --help, a line for every option, and the lab's fault
+kinds listed from the code.
 
 Kept in one table so a command module stays as its owner wrote it; a command that says
 `Example:` in its own docstring keeps its own. tests/unit/test_cli_help.py walks every command.
@@ -27,6 +28,18 @@ EXAMPLES = {
     "lab status": "fleetspec lab status --json",
     "lab fault": "fleetspec lab fault ct200 slow_load=60 only_algorithm=DDTREE",
     "inventory": "fleetspec -i hosts.ini inventory show",
+}
+
+# Help for options their command left without one (command path, option name) -> text.
+OPTION_HELP = {
+    ("deploy", "mode"): "release: a new overlay on PYTHONPATH, the venv untouched; in-place: replace files in "
+                        "site-packages after backing them up.",
+    ("bench", "concurrency"): "Concurrent requests per measurement; repeat for several levels.",
+    ("bench", "requests"): "Requests per concurrency level.",
+    ("bench", "max_new_tokens"): "Tokens generated per request.",
+    ("bench", "as_json"): "One JSON object per algo.",
+    ("kernels list", "cache"): "Kernel cache folder to look in.",
+    ("kernels list", "as_json"): "Print JSON.",
 }
 
 # What each `lab fault` kind does; a kind missing here is still listed (from faults.KINDS).
@@ -68,6 +81,10 @@ def install(group: click.Group, prefix: str = "") -> None:
             cmd.help = inspect.cleandoc(cmd.help or "").rstrip() + f"\n\n\b\nExample: {example}"
         if path == "lab fault":
             _lazy_fault_help(cmd, example)
+        for param in cmd.params:
+            text = OPTION_HELP.get((path, param.name))
+            if isinstance(param, click.Option) and not param.help and text:
+                param.help = text
         if isinstance(cmd, click.Group):
             install(cmd, path + " ")
 

@@ -9,22 +9,16 @@ from __future__ import annotations
 
 import json
 import shlex
-import textwrap
 import time
 
 import click
 
 from fleetspec.cli.completion import complete_hosts, complete_releases
+from fleetspec.cli.output import Out, wrap
 
 STATUS_STYLE = {"healthy": "green", "failed": "red", "rolled_back": "yellow", "superseded": "dim",
                 "pruned": "dim", "started": "magenta", "staged": "magenta", "switched": "magenta",
                 "ok": "green", "skipped": "dim"}
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
 
 
 def _when(ts: float) -> str:
@@ -37,33 +31,6 @@ def _secs(s: float | None) -> str:
     if s >= 90:
         return f"{int(s // 60)}m{int(s % 60):02d}s"
     return f"{s:.1f}s" if s >= 0.05 or s == 0 else f"{s:.2f}s"
-
-
-def wrap(text: str, width: int, indent: str = "", first: str | None = None) -> list[str]:
-    """Lines of at most `width` columns, broken at spaces only (a longer word stands alone)."""
-    first = indent if first is None else first
-    return textwrap.wrap(text, width=max(20, width), initial_indent=first, subsequent_indent=indent,
-                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
-
-
-class Out:
-    """Prints plain text lines, colouring a leading span when the console allows it."""
-
-    def __init__(self):
-        from rich.text import Text
-
-        self.console, self.Text = _console(), Text
-        self.width = self.console.width
-
-    def line(self, text: str = "", style_spans=()) -> None:
-        t = self.Text(text)
-        for start, end, style in style_spans:
-            t.stylize(style, start, end)
-        self.console.print(t, soft_wrap=True)
-
-    def styled(self, text: str, word: str, style: str | None) -> None:
-        i = text.find(word) if style else -1
-        self.line(text, [(i, i + len(word), style)] if i >= 0 else ())
 
 
 # ---- the table: one release per line (two when the terminal is narrow) ----------------------

@@ -43,7 +43,8 @@ def show(obj, targets, as_json):
     \b
     Example: fleetspec -i ~/ansible/hosts.ini inventory show @gpu
     """
-    from fleetspec.cli.history_cmd import Out, pretty
+    from fleetspec.cli.history_cmd import pretty
+    from fleetspec.cli.output import Out
     from fleetspec.model.ansible_inventory import SECRET_KEYS, detect, native_data
 
     inv = obj.inv

@@ -54,6 +54,36 @@ class Progress:
             self._shown = False
 
 
+def wrap(text: str, width: int, indent: str = "", first: str | None = None) -> list[str]:
+    """Lines of at most `width` columns, broken at spaces only (a longer word stands alone)."""
+    import textwrap
+
+    first = indent if first is None else first
+    return textwrap.wrap(text, width=max(20, width), initial_indent=first, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+
+
+class Out:
+    """Prints plain text lines, colouring a leading span when the console allows it."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.text import Text
+
+        self.console, self.Text = Console(highlight=False, soft_wrap=True), Text
+        self.width = self.console.width
+
+    def line(self, text: str = "", style_spans=()) -> None:
+        t = self.Text(text)
+        for start, end, style in style_spans:
+            t.stylize(style, start, end)
+        self.console.print(t, soft_wrap=True)
+
+    def styled(self, text: str, word: str, style: str | None) -> None:
+        i = text.find(word) if style else -1
+        self.line(text, [(i, i + len(word), style)] if i >= 0 else ())
+
+
 def echo_table(headers: list[str], rows: list[list], width: int | None = None) -> None:
     """A table that fits the terminal and never cuts a word: columns without spaces keep their
     width, the others wrap at spaces; when even that does not fit, one block per row."""

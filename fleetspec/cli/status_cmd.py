@@ -93,7 +93,7 @@ def _cells(r) -> list[str]:
 def _table(rows) -> None:
     """One line per host when the terminal is wide enough (drift wraps at spaces), else the
     short facts on one line and release, drift and service wrapped beneath. Nothing is cut."""
-    from fleetspec.cli.history_cmd import Out, wrap
+    from fleetspec.cli.output import Out, wrap
 
     out = Out()
     table = [_cells(r) for r in rows]

@@ -42,6 +42,15 @@ def test_every_command_has_an_example_line():
     assert {"status", "history", "deploy", "rollback", "inventory show", "lab fault"} <= set(seen)
 
 
+def test_every_option_says_what_it_does():
+    for path, cmd in [((), main), *walk(main)]:
+        r = CliRunner().invoke(main, [*path, "--help"], terminal_width=200)
+        for param in cmd.params:
+            if isinstance(param, click.Option):
+                assert param.help, (path, param.opts)
+                assert param.opts[-1] in r.output, (path, param.opts)
+
+
 def test_every_fault_kind_is_in_lab_fault_help():
     r = CliRunner().invoke(main, ["lab", "fault", "--help"], terminal_width=100)
     assert r.exit_code == 0
