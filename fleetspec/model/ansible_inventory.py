@@ -348,6 +348,18 @@ def _int(path: Path, name: str, key: str, value: Any) -> int:
         raise ConfigError(path, f"{name}.{key}", f"expected a whole number, got {value!r}") from None
 
 
+def _proxy_jump(path: Path, name: str, args: str) -> str | None:
+    """`-J host` or `-o ProxyJump=host` in ansible_ssh_common_args/extra_args: fleetspec's jump.
+    A ProxyCommand would run a program fleetspec cannot: refused."""
+    if "proxycommand" in args.lower():
+        raise UserError(f"{path}: {name}: ProxyCommand in ansible_ssh_common_args is not supported; "
+                        f"use ProxyJump (or fleetspec_jump: user@host:port)")
+    m = re.search(r"(?:-J\s*|ProxyJump[=\s]\s*)([^\s'\"]+)", args, re.IGNORECASE)
+    if m and "," in m[1]:
+        raise UserError(f"{path}: {name}: a chain of jump hosts ({m[1]}) is not supported; one jump host only")
+    return m[1] if m else None
+
+
 def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dict, overlay: dict) -> dict:
     """One host in fleetspec's own inventory shape, from its merged Ansible vars."""
     entry: dict[str, Any] = {}
@@ -359,6 +371,14 @@ def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dic
                 entry[field] = _int(path, name, k, v[k]) if field == "port" else _text(path, name, k, v[k])
                 break
     entry.setdefault("address", name)
+    connection = str(v.get("ansible_connection", "ssh"))
+    if connection not in ("ssh", "smart", "paramiko"):
+        raise UserError(f"{path}: {name}: ansible_connection={connection} is not supported; fleetspec reaches "
+                        f"hosts over SSH only")
+    jump = _proxy_jump(path, name, " ".join(str(v.get(k, "")) for k in ("ansible_ssh_common_args",
+                                                                          "ansible_ssh_extra_args")))
+    if jump:
+        entry["jump"] = jump
     if "ssh_key" in entry:
         p = Path(entry["ssh_key"]).expanduser()
         entry["ssh_key"] = str(p if p.is_absolute() else (path.parent / p).resolve())

@@ -194,6 +194,9 @@ def test_inventory_show_redacts(tmp_path, ssh_client_key, monkeypatch):
     ("whole.yml", "$ANSIBLE_VAULT;1.1;AES256\n6638643965\n", 0o644, "vault-encrypted file"),
     ("t.ini", "[gpu]\nct129 ansible_host=\"{{ lookup('env', 'X') }}\"\n", 0o644, "is a Jinja template"),
     ("r.ini", "[gpu]\nct[129:140]\n", 0o644, "host ranges like 'ct[129:140]' are not supported"),
+    ("c.ini", "[gpu]\nct129 ansible_connection=docker\n", 0o644, "ansible_connection=docker is not supported"),
+    ("p.ini", "[gpu:vars]\nansible_ssh_common_args='-o ProxyCommand=\"nc %h %p\"'\n[gpu]\nct129\n", 0o644,
+     "ProxyCommand in ansible_ssh_common_args is not supported"),
 ])
 def test_refused_in_one_line(tmp_path, name, text, mode, says):
     path = tmp_path / name
@@ -207,6 +210,14 @@ def test_refused_in_one_line(tmp_path, name, text, mode, says):
         (root / sub).mkdir(parents=True)
     r = CliRunner().invoke(main, ["--root", str(root), "-i", str(path), "inventory", "show"])
     assert r.exit_code == 2 and says in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_proxy_jump_becomes_the_jump_host(tmp_path):
+    path = tmp_path / "hosts.ini"
+    path.write_text("[gpu]\nct129 ansible_host=10.0.0.29\n[gpu:vars]\n"
+                    "ansible_ssh_common_args='-o ProxyJump=ops@bastion.example:2222'\n")
+    jump = load_inventory(path).hosts["ct129"].jump
+    assert (jump.user, jump.address, jump.port) == ("ops", "bastion.example", 2222)
 
 
 def test_native_inventories_are_untouched(tmp_path, ssh_client_key):
