@@ -146,13 +146,29 @@ def _blocks(headers: list[str], cells: list[list[str]], width: int) -> list[str]
 def verbose_observer(obj, stream=None):
     """`-v`: one line per remote action on stderr: host, seconds, outcome, then the command
     (continuation lines indented). Values of the inventory's secret env vars are hidden too."""
+    import os
+
     lock = threading.Lock()
+    names: list[str] = []
+
+    def secret_env_names() -> list[str]:
+        """Names the playbooks mark secret (launch.secret_env), read once."""
+        if not names:
+            names.append("")
+            try:
+                import yaml
+
+                for p in sorted((obj.root_path / "playbooks").glob("*.yaml")):
+                    launch = (yaml.safe_load(p.read_text()) or {}).get("launch") or {}
+                    names.extend(n for n in launch.get("secret_env") or [] if isinstance(n, str))
+            except Exception:  # noqa: BLE001 - no root or a bad playbook: the command says so itself
+                pass
+        return names[1:]
 
     def secrets() -> list[str]:
         inv = obj.__dict__.get("inv")
-        if inv is None:
-            return []
-        values = {h.vars.api_key.value() for h in inv.hosts.values() if h.vars.api_key}
+        values = {h.vars.api_key.value() for h in inv.hosts.values() if h.vars.api_key} if inv else set()
+        values |= {os.environ.get(n) for n in secret_env_names()}
         return sorted((v for v in values if v and len(v) >= 4), key=len, reverse=True)
 
     def observe(host: str, what: str, seconds: float, outcome: str) -> None:

@@ -150,3 +150,17 @@ def test_redaction_of_secret_looking_words():
     assert redact("env SGLANG_API_KEY=abc HF_TOKEN='x y' run") == "env SGLANG_API_KEY=*** HF_TOKEN=*** run"
     assert redact('{"api_key": "zz", "model": "m"}') == '{"api_key": ***, "model": "m"}'
     assert redact("--model-path /root/models/Qwen3.6-27B") == "--model-path /root/models/Qwen3.6-27B"
+
+
+def test_verbose_hides_the_values_of_playbook_secret_env(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from fleetspec.cli.output import verbose_observer
+
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "x.yaml").write_text("algo: x\nlaunch: {secret_env: [OPX_HF_AUTH]}\n")
+    monkeypatch.setenv("OPX_HF_AUTH", "hf-opx-77-secret")
+    observe = verbose_observer(SimpleNamespace(root_path=tmp_path))
+    observe("a", "printf %s hf-opx-77-secret > /etc/x\nsecond line", 0.25, "rc=0")
+    err = capsys.readouterr().err
+    assert err == "[a] 0.250s rc=0: printf %s *** > /etc/x\n    second line\n"
