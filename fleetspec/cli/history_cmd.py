@@ -44,9 +44,10 @@ def print_table(rels, out: Out) -> None:
     rows = []
     for r in rels:
         failing = f"{r.failed_step}" if r.failed_step else "-"
+        why = [f"{r.reason}." if r.reason and not r.reason.endswith(".") else r.reason] if r.failed_step else []
         rows.append([r.id, r.algo, r.status, _when(r.started)[:-4] + "Z", _secs(r.seconds), failing,
-                     "; ".join([*headline(r.figures), *r.events]) or "-"])
-    headers = ["release", "algo", "status", "when (UTC)", "took", "failed at", "gate figures, later events"]
+                     " ".join([*(w for w in why if w), "; ".join([*headline(r.figures), *r.events])]).strip() or "-"])
+    headers = ["release", "algo", "status", "when (UTC)", "took", "failed at", "why; gate figures; later events"]
     fixed = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers[:-1])]
     room = out.width - sum(fixed) - 2 * len(fixed)
     if room >= 24:
