@@ -194,3 +194,14 @@ def test_table_fits_the_terminal_and_cuts_nothing(fleet, columns):
     assert row.split()[1:3] == ["loading", "active/running"]
     flat = " ".join(r.output.split())
     assert "ct203: loading: port not answering yet (started" in flat and "ready timeout 30s)" in flat
+
+
+def test_unit_age_parser():
+    from fleetspec.remote.facts import unit_age
+
+    out = "InactiveExitTimestampMonotonic=5000000\nuptime=65.40\n"       # systemd 252's `show -p` form
+    assert unit_age.parse(out) == unit_age.UnitAge(True, 60.4)
+    assert unit_age.parse("InactiveExitTimestampMonotonic=0\nuptime=9.1\n") == unit_age.UnitAge(True, None)
+    assert unit_age.parse(unit_age.NO_SYSTEMCTL + "\n") == unit_age.UnitAge(False, None)
+    with pytest.raises(ValueError):
+        unit_age.parse("garbage\n")
