@@ -33,10 +33,16 @@ class FleetspecGroup(click.Group):
 @click.option("-i", "--inventory", envvar="FLEETSPEC_INVENTORY", default=None,
               help="Inventory name in inventory/ or a path. Default: lab.yaml, then production.yaml.")
 @click.option("--accept-new-host-key", is_flag=True, help="Trust and record host keys never seen before.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Print every remote command (secrets redacted) with its duration and exit code, to stderr.")
 @click.version_option(package_name="fleetspec")
 @click.pass_context
-def main(ctx, root, inventory, accept_new_host_key):
-    """Deploy speculative-decoding changes to SGLang hosts, prove them, and roll them back."""
+def main(ctx, root, inventory, accept_new_host_key, verbose):
+    """Deploy speculative-decoding changes to SGLang hosts, prove them, and roll them back.
+
+    \b
+    Example: fleetspec -v status @gpu
+    """
     import faulthandler
     import logging
     import signal
@@ -53,13 +59,23 @@ def main(ctx, root, inventory, accept_new_host_key):
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
     ctx.obj = Context(root=root, inventory=inventory, accept_new_host_key=accept_new_host_key)
+    if verbose:
+        from fleetspec.cli.output import verbose_observer
+        from fleetspec.remote import transport
+
+        observer = verbose_observer(ctx.obj)
+        transport.add_observer(observer)
+        ctx.call_on_close(lambda: transport.remove_observer(observer))
 
 
 def _register() -> None:
     from fleetspec.cli import commands
 
+    from fleetspec.cli import examples
+
     for command in commands.ALL:
         main.add_command(command)
+    examples.install(main)
 
 
 _register()

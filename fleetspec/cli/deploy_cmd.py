@@ -9,6 +9,7 @@ import sys
 import click
 
 from fleetspec.errors import FleetspecError, UserError
+from fleetspec.cli.completion import complete_algos, complete_hosts, complete_releases, complete_targets
 from fleetspec.cli.output import Progress, echo_table
 
 
@@ -45,9 +46,9 @@ def _typed(playbook, sets: dict) -> dict:
 
 
 @click.command()
-@click.argument("targets", nargs=-1)
+@click.argument("targets", nargs=-1, shell_complete=complete_targets)
 @click.option("--all", "all_hosts", is_flag=True, help="Every host in the inventory.")
-@click.option("--algo", required=True, help="Playbook to apply: nextn, dflash, ddtree, …")
+@click.option("--algo", required=True, shell_complete=complete_algos, help="Playbook to apply: nextn, dflash, ddtree, …")
 @click.option("--plan", "plan_only", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--mode", type=click.Choice(["release", "in-place"]), default="release", show_default=True)
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Override a playbook option.")
@@ -63,7 +64,11 @@ def _typed(playbook, sets: dict) -> dict:
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
            parallel, rollback_all_on_abort, yes, as_json):
     """Move hosts to an algo: preflight, lock, baseline, stage, smoke, render, switch, restart,
-    probes, gates, commit. Any failure after the switch reverts the host (exit 1)."""
+    probes, gates, commit. Any failure after the switch reverts the host (exit 1).
+
+    \b
+    Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
+    """
     from fleetspec.model.playbook import load_playbook_for
     from fleetspec.ops import fleet
 
@@ -136,12 +141,17 @@ def _print_deploy_summary(outcomes) -> None:
 
 
 @click.command()
-@click.argument("targets", nargs=-1, required=True)
-@click.option("--to", "to", default=None, help="A healthy release id, or 'baseline' (default).")
-@click.option("--json", "as_json", is_flag=True)
+@click.argument("targets", nargs=-1, required=True, shell_complete=complete_targets)
+@click.option("--to", "to", default=None, shell_complete=complete_releases,
+              help="A healthy release id, or 'baseline' (default).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
 def rollback(obj, targets, to, as_json):
-    """Put hosts back on their baseline (or a healthy release): byte-exact unit, then probes."""
+    """Put hosts back on their baseline (or a healthy release): byte-exact unit, then probes.
+
+    \b
+    Example: fleetspec rollback ct129 --to baseline
+    """
     from fleetspec.ops.rollback import rollback as do_rollback
 
     progress = Progress(enabled=not as_json)
@@ -169,37 +179,16 @@ def rollback(obj, targets, to, as_json):
 
 
 @click.command()
-@click.argument("host")
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--limit", type=int, default=200, show_default=True)
-@click.pass_obj
-def history(obj, host, as_json, limit):
-    """The host's ledger as a table: every release, step and gate figure."""
-    from fleetspec.ops.history import read_history
-
-    h = obj.select([host], False)[0]
-    entries, skipped = read_history(obj.transport(h), h)
-    if skipped:
-        click.echo(f"warning: {h.name}: skipped {len(skipped)} torn ledger line(s): {skipped[:5]}", err=True)
-    entries = entries[-limit:]
-    if as_json:
-        for e in entries:
-            click.echo(e.to_line())
-        return
-    import time as _t
-
-    echo_table(["time", "release", "kind", "name", "state", "detail"],
-               [[_t.strftime("%m-%d %H:%M:%S", _t.localtime(e.ts)), e.release, e.kind, e.name, e.state,
-                 json.dumps(e.detail, default=str)[:90] if e.detail else ""] for e in entries])
-
-
-@click.command()
-@click.argument("host")
+@click.argument("host", shell_complete=complete_hosts)
 @click.option("--force", is_flag=True, required=True, help="Required: end a stale holder.")
 @click.pass_obj
 def unlock(obj, host, force):
     """End a stale deploy lock. Refused while its holder is alive (its process on this
-    controller, or its session on the host, which sends a heartbeat)."""
+    controller, or its session on the host, which sends a heartbeat).
+
+    \b
+    Example: fleetspec unlock ct129 --force
+    """
     from fleetspec.remote.lock import force_unlock
     from fleetspec.model.layout import HostLayout
 
@@ -209,15 +198,19 @@ def unlock(obj, host, force):
 
 
 @click.command()
-@click.argument("host")
+@click.argument("host", shell_complete=complete_hosts)
 @click.option("--retake", is_flag=True, required=True, help="Record the service as it is now as the new baseline.")
 @click.pass_obj
 def baseline(obj, host, retake):
-    """Re-record the baseline after the operator changed the service by hand."""
+    """Re-record the baseline after the operator changed the service by hand.
+
+    \b
+    Example: fleetspec baseline ct129 --retake
+    """
     from fleetspec.ops.baseline import retake as do_retake
 
     h = obj.select([host], False)[0]
     click.echo(do_retake(obj.transport(h), h, obj.root_path))
 
 
-COMMANDS = [deploy, rollback, history, unlock, baseline]
+COMMANDS = [deploy, rollback, unlock, baseline]

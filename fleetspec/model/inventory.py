@@ -143,7 +143,8 @@ def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
     if name:
         candidates = [Path(name).expanduser()]
         if "/" not in name:
-            candidates = [inv_dir / name, inv_dir / f"{name}.yaml", inv_dir / f"{name}.yml", *candidates]
+            candidates = [inv_dir / name, inv_dir / f"{name}.yaml", inv_dir / f"{name}.yml", inv_dir / f"{name}.ini",
+                          *candidates]
         for candidate in candidates:
             if candidate.is_file():
                 return candidate.resolve()
@@ -155,8 +156,15 @@ def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
 
 
 def load_inventory(path: str | Path) -> Inventory:
+    """fleetspec's own YAML, or a static Ansible inventory (INI or YAML; model/ansible_inventory.py)."""
+    from fleetspec.model.ansible_inventory import native_data
+
     path = Path(path)
-    top = Fields(load_yaml_file(path), path)
+    data = native_data(path) if path.is_file() else None
+    if data is not None:
+        for entry in data["hosts"].values():
+            entry.pop("_ignored_secrets", None)
+    top = Fields(load_yaml_file(path) if data is None else data, path)
     defaults = top.sub("defaults")
     groups_f = top.sub("groups")
     group_vars_f = top.sub("group_vars")

@@ -1,10 +1,180 @@
-"""`fleetspec history HOST`: the host's ledger, with torn lines skipped and counted."""
+"""`fleetspec history HOST [RELEASE]`: the host's ledger read back as releases and their steps.
+
+The ledger is a flat list of step and status lines; an operator asks release-shaped questions
+(what ran, did it stick, where did it fail, what did the gates measure). This folds the lines
+into one summary per release and one story per release; the CLI only lays them out.
+Torn lines are skipped and counted (model.ledger.parse).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetspec.errors import RemoteError, UserError
+from fleetspec.model import ledger as L
 from fleetspec.ops.hoststate import HostState
+
+
+def mirror_dir(root: Path, host) -> Path:
+    """Where deploys keep the local copy of a host's ledger (see ops/hoststate.py)."""
+    return Path(root) / ".fleetspec" / "hosts" / host.name / host.vars.service
+
+
+@dataclass
+class LedgerRead:
+    parsed: L.ParsedLedger
+    source: str                 # "host" or the mirror file read instead
+    warning: str | None = None
+
+
+def read_ledger(t, host, root: Path | None = None) -> LedgerRead:
+    """The host's ledger; when the host cannot be reached, the local mirror (said so)."""
+    try:
+        return LedgerRead(HostState(t, host.name, host.vars.service).ledger(), "host")
+    except RemoteError as err:
+        local = mirror_dir(root, host) / "ledger.jsonl" if root is not None else None
+        if local is None or not local.is_file():
+            raise
+        return LedgerRead(L.parse(local.read_text(errors="replace")), str(local),
+                          f"{host.name} did not answer ({err}); showing the local mirror {local}")
 
 
 def read_history(t, host):
     parsed = HostState(t, host.name, host.vars.service).ledger()
     return parsed.entries, parsed.skipped
+
+
+@dataclass
+class Step:
+    name: str
+    state: str                  # ok | failed | started (never finished) | skipped
+    started: float | None
+    ended: float | None
+    seconds: float | None
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class Release:
+    id: str
+    algo: str
+    status: str
+    started: float
+    ended: float
+    by: str
+    steps: list[Step] = field(default_factory=list)
+    statuses: list[L.Entry] = field(default_factory=list)
+    failed_step: str | None = None
+    reason: str | None = None
+    figures: dict = field(default_factory=dict)      # gate name -> figures
+    events: list[str] = field(default_factory=list)  # what happened to it later (`fleetspec rollback`)
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.ended - self.started)
+
+    @property
+    def evidence(self) -> dict:
+        for s in self.steps:
+            if s.state == "failed" and s.name == self.failed_step:
+                return s.detail.get("evidence") or {}
+        return {}
+
+    def to_json(self) -> dict:
+        return {"release": self.id, "algo": self.algo, "status": self.status, "started": self.started,
+                "seconds": round(self.seconds, 3), "failed_step": self.failed_step, "reason": self.reason,
+                "figures": self.figures, "headline": headline(self.figures), "events": self.events}
+
+
+def algo_of(release_id: str) -> str:
+    """Release ids are `<UTC stamp>-<algo>-<4 hex>` (model.release.new_release_id)."""
+    parts = release_id.split("-")
+    return "-".join(parts[1:-1]) if len(parts) >= 3 else "?"
+
+
+def releases(parsed: L.ParsedLedger) -> list[Release]:
+    """One Release per id in order of first appearance (the `baseline` pseudo-release left out)."""
+    out: dict[str, Release] = {}
+    open_steps: dict[tuple[str, str], L.Entry] = {}
+    for e in parsed.entries:
+        if e.release == "baseline":
+            continue
+        r = out.get(e.release)
+        if r is None:
+            r = out[e.release] = Release(e.release, algo_of(e.release), L.STARTED, e.ts, e.ts, e.by)
+        r.ended = max(r.ended, e.ts)
+        if e.kind == "status":
+            r.status = e.state
+            r.statuses.append(e)
+            if e.state == L.FAILED:
+                r.failed_step = e.detail.get("step", r.failed_step)
+                r.reason = e.detail.get("reason", r.reason)
+            continue
+        key = (e.release, e.name)
+        if e.state == "started":
+            open_steps[key] = e
+            r.steps.append(Step(e.name, "started", e.ts, None, None, dict(e.detail)))
+            continue
+        began = open_steps.pop(key, None)
+        step = next((s for s in reversed(r.steps) if s.name == e.name and s.state == "started"), None)
+        if step is None:
+            step = Step(e.name, e.state, None, None, None)
+            r.steps.append(step)
+        step.state, step.ended = e.state, e.ts
+        detail = dict(e.detail)
+        recorded = detail.pop("seconds", None)
+        step.detail.update(detail)
+        step.seconds = (float(recorded) if isinstance(recorded, (int, float))
+                        else round(e.ts - began.ts, 3) if began is not None else None)
+        if detail.get("skipped") is True and e.state == "ok":
+            step.state = "skipped"
+        figures = detail.get("figures") if e.name == "gates" else None
+        if e.state == "failed" and e.name == "gates":
+            figures = (detail.get("evidence") or {}).get("figures")
+        if isinstance(figures, dict):
+            r.figures.update(figures)
+        if e.name == "rollback" and e.state in ("ok", "failed"):
+            r.events.append(f"rollback to {detail.get('to') or step.detail.get('to') or '?'}"
+                            + (" failed" if e.state == "failed" else ""))
+            continue
+        if e.state == "failed" and r.failed_step is None:
+            r.failed_step, r.reason = e.name, detail.get("reason")
+    return list(out.values())
+
+
+def find(parsed: L.ParsedLedger, host_name: str, wanted: str) -> Release:
+    """A release by id, or by a unique prefix or suffix of its id (what fits in a terminal)."""
+    rels = releases(parsed)
+    exact = [r for r in rels if r.id == wanted]
+    if exact:
+        return exact[0]
+    hits = [r for r in rels if r.id.startswith(wanted) or r.id.endswith(wanted)]
+    if len(hits) == 1:
+        return hits[0]
+    known = ", ".join(r.id for r in rels[-5:]) or "none"
+    if hits:
+        raise UserError(f"{host_name}: release {wanted!r} is ambiguous ({', '.join(r.id for r in hits)})")
+    raise UserError(f"{host_name}: no release {wanted!r} in the ledger (latest: {known})")
+
+
+def headline(figures: dict) -> list[str]:
+    """The gate figures an operator reads first, each with its unit, as separate phrases."""
+    out = []
+    acc = figures.get("acceptance") or {}
+    if isinstance(acc.get("accept_length"), (int, float)):
+        base = acc.get("baseline_accept_length")
+        out.append(f"accept {acc['accept_length']:g} tok/step"
+                   + (f" (baseline {base:g})" if isinstance(base, (int, float)) else ""))
+    tput = figures.get("throughput") or {}
+    levels = sorted({k.rsplit("_c", 1)[1] for k in tput if k.startswith("tok_s_c")}, key=lambda x: int(x) if x.isdigit() else 0)
+    for c in levels:
+        value, ratio = tput.get(f"tok_s_c{c}"), tput.get(f"ratio_c{c}")
+        if isinstance(value, (int, float)):
+            out.append(f"c{c} {value:g} tok/s" + (f" (x{ratio:.2f} of baseline)" if isinstance(ratio, (int, float)) else ""))
+    par = figures.get("parity") or {}
+    if "prompts_compared" in par:
+        diff = par.get("first_difference")
+        out.append(f"parity {par['prompts_compared']} prompts"
+                   + (f", differs at token {diff.get('token_index')}" if isinstance(diff, dict) else " identical"))
+    return out

@@ -17,9 +17,17 @@ from fleetspec.errors import FleetspecError
 from fleetspec.model.inventory import Host
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
-from fleetspec.remote.facts import release_state, server_info, sglang, systemd, unit_files
+from fleetspec.remote.facts import release_state, server_info, sglang, systemd, unit_age, unit_files
 
 DEFAULT_WORKERS = 16
+DEFAULT_READY_TIMEOUT = 900.0   # seconds a model may take to load (probes' default; extra.ready_timeout)
+
+# What `health` says, and what an operator does about it:
+OK = "ok"                # /health answers 200
+LOADING = "loading"      # the unit is starting or running, the port does not answer yet, within the ready timeout: wait
+DOWN = "down"            # the unit failed or is inactive, or it still does not answer past the ready timeout: look at it
+UNHEALTHY = "unhealthy"  # the port answers but /health is not 200: look at the engine
+STARTING_STATES = ("active", "activating", "reloading")
 
 
 @dataclass
@@ -38,7 +46,10 @@ class HostStatus:
     drift: str | None = None            # pristine | N files differ | managed by fleetspec …
     drift_files: list[str] = field(default_factory=list)
     unit_drift: list[str] = field(default_factory=list)   # unit/drop-ins changed by hand since the baseline
-    health: str | None = None           # ok | HTTP <code> | down
+    health: str | None = None           # ok | loading | down | unhealthy (see the constants above)
+    http: str | None = None             # what /health said: 200, 503, refused, timeout …
+    up_s: float | None = None           # seconds since the unit last (re)started
+    ready_timeout: float | None = None
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -71,9 +82,13 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         "sglang": (sglang, {"python": host.vars.python}),
         "state": (release_state, {"service": host.vars.service}),
         "files": (unit_files, {"service": host.vars.service}),
+        "age": (unit_age, {"service": host.vars.service}),
     }, timeout=min(host.command_timeout, 120), errors="return")
     row.reachable = True
     unit, sg, state, files = got["unit"], got["sglang"], got["state"], got["files"]
+    age = got["age"]
+    if not isinstance(age, FleetspecError) and age.available:
+        row.up_s = age.seconds
 
     declared = None
     if isinstance(unit, FleetspecError):
@@ -129,7 +144,7 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.notes.append(f"{host.name}: {'; '.join(row.unit_drift)} since the baseline; review it, then run: "
                              f"fleetspec baseline {host.name} --retake")
 
-    _probe_http(row, t, host, declared)
+    _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
 
 
 def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
@@ -159,17 +174,54 @@ def _stale_holder(raw):
     return holder if holder is not None and holder.dead_here() else None
 
 
-def _probe_http(row: HostStatus, t, host: Host, declared: str | None) -> None:
+def ready_timeout(host: Host) -> float:
+    value = host.vars.extra.get("ready_timeout", DEFAULT_READY_TIMEOUT)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else DEFAULT_READY_TIMEOUT
+
+
+def classify(http: str, active_state: str | None, sub_state: str | None, up_s: float | None,
+             timeout: float, n_restarts: int | None = 0) -> tuple[str, str | None]:
+    """Pure: (health, note) from what /health said and what systemd says about the unit.
+    NRestarts counts systemd's own restarts since the last start by hand (a manual start
+    resets it): a unit that is starting again after crashing is down, not loading."""
+    if http == "200":
+        return OK, None
+    if http.isdigit():
+        return UNHEALTHY, f"/health answers HTTP {http}"
+    if sub_state == "auto-restart":                 # it crashed and systemd is about to try again
+        return DOWN, f"unit {active_state}/{sub_state}: it exited and systemd restarts it"
+    if active_state in STARTING_STATES and n_restarts:
+        return DOWN, (f"crash loop: systemd restarted it {n_restarts} time{'s' if n_restarts > 1 else ''} "
+                      f"since it was last started by hand")
+    if active_state in STARTING_STATES:
+        if up_s is not None and up_s > timeout:
+            return DOWN, f"port not answering {up_s:.0f}s after start, past the ready timeout ({timeout:.0f}s)"
+        since = f"started {up_s:.0f}s ago, " if up_s is not None else ""
+        return LOADING, f"port not answering yet ({since}ready timeout {timeout:.0f}s)"
+    if active_state is None:
+        return DOWN, None
+    return DOWN, f"unit {active_state}{'/' + sub_state if sub_state else ''}"
+
+
+def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None) -> None:
     port = host.vars.api_port
+    row.ready_timeout = ready_timeout(host)
     try:
         r = t.http("GET", port, "/health", timeout=5)
-        row.health = "ok" if r.status == 200 else f"HTTP {r.status}"
+        row.http = str(r.status)
     except FleetspecError as err:
-        row.health = "down"
-        if "refused" not in str(err):
+        text = str(err)
+        row.http = ("refused" if "refused" in text else "timeout" if ("within" in text or "timed out" in text) else "error")
+        if row.http == "error":
             row.notes.append(_short_error(err))
+    active = unit.active_state if unit is not None and getattr(unit, "found", False) else None
+    sub = unit.sub_state if active else None
+    restarts = unit.n_restarts if active else None
+    row.health, note = classify(row.http, active, sub, row.up_s, row.ready_timeout, restarts)
+    if note and row.health != OK:
+        row.notes.append(f"{host.name}: {row.health}: {note}")
     launch_algo = None
-    if row.health != "down":
+    if row.http.isdigit():
         api_key = host.vars.api_key.value() if host.vars.api_key else None
         try:
             info = server_info.fetch(t, port, api_key=api_key, timeout=5)
@@ -191,3 +243,38 @@ def fleet_status(pool, hosts: Iterable[Host], workers: int = DEFAULT_WORKERS) ->
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts))), thread_name_prefix="status") as ex:
         return list(ex.map(lambda h: host_status(pool.get(h), h), hosts))
+
+
+@dataclass
+class WatchResult:
+    rows: list[HostStatus]
+    all_ok: bool
+    seconds: float
+    rounds: int
+
+    @property
+    def exit_code(self) -> int:
+        """0 every host ok; 4 the deadline passed with hosts still loading (and none worse);
+        1 the deadline passed with a host down, unhealthy or unreachable."""
+        if self.all_ok:
+            return 0
+        bad = [r for r in self.rows if r.health != OK]
+        return 4 if bad and all(r.reachable and r.health == LOADING for r in bad) else 1
+
+
+def watch(pool, hosts: Iterable[Host], deadline_s: float, interval: float = 2.0, workers: int = DEFAULT_WORKERS,
+          on_round=lambda rows, elapsed: None, clock=time.monotonic, sleep=time.sleep) -> WatchResult:
+    """Status again and again until every host is ok or `deadline_s` has passed."""
+    hosts = list(hosts)
+    start = clock()
+    rounds = 0
+    while True:
+        rows = fleet_status(pool, hosts, workers=workers)
+        rounds += 1
+        elapsed = clock() - start
+        on_round(rows, elapsed)
+        if all(r.reachable and r.health == OK for r in rows):
+            return WatchResult(rows, True, elapsed, rounds)
+        if elapsed + interval > deadline_s:
+            return WatchResult(rows, False, elapsed, rounds)
+        sleep(interval)

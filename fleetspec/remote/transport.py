@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import os
+import re
 import secrets
 import select
 import shlex
@@ -30,6 +31,41 @@ from fleetspec.errors import RemoteError
 from fleetspec.model.inventory import Host
 
 _CHUNK = 65536
+
+# Observers of every remote action (`-v/--verbose`): fn(host, what, seconds, outcome). The one hook
+# sits here, in the one SSH place, so nothing fleetspec runs on a host escapes it.
+_OBSERVERS: list = []
+_SECRET_WORDS = re.compile(
+    r"(?i)((?:--)?[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|passwd)[A-Za-z0-9_]*[\"']?(?:=|\s+|:\s*))"
+    r"(?:'[^']*'|\"[^\"]*\"|\S+)")
+
+
+def add_observer(fn) -> None:
+    """Call fn(host_name, shown_command, seconds, outcome) after each command or HTTP request."""
+    _OBSERVERS.append(fn)
+
+
+def remove_observer(fn) -> None:
+    if fn in _OBSERVERS:
+        _OBSERVERS.remove(fn)
+
+
+def redact(text: str) -> str:
+    """Values after secret-looking names (--api-key X, SGLANG_API_KEY=X, Authorization: …) hidden."""
+    text = re.sub(r"(?i)(authorization:\s*)(?:bearer\s+|basic\s+)?[^\s'\"]+", r"\1***", text)
+    return _SECRET_WORDS.sub(lambda m: m.group(1) + "***", text)
+
+
+def _observe(host: str, what: str, began: float, outcome: str) -> None:
+    if not _OBSERVERS:
+        return
+    seconds = time.monotonic() - began
+    shown = redact(what)
+    for fn in list(_OBSERVERS):
+        try:
+            fn(host, shown, seconds, outcome)
+        except Exception:  # noqa: BLE001 - a broken observer must not break a deploy
+            pass
 
 
 @dataclass
@@ -262,6 +298,19 @@ class Transport:
         return self._exec(self._wrap(script), script, timeout, check, stdin)
 
     def _exec(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
+        began = time.monotonic()
+        try:
+            result = self._exec_inner(full, shown, timeout, check, stdin)
+        except RemoteError as err:
+            _observe(self.name, shown, began, f"error: {err}")
+            raise
+        _observe(self.name, shown, began, f"rc={result.rc}")
+        if check and result.rc != 0:
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
+            raise RemoteError(f"{self.name}: `{_short(shown)}` exited {result.rc}: {detail[0][:300]}")
+        return result
+
+    def _exec_inner(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
         timeout = self.host.command_timeout if timeout is None else timeout
         ssh = self.connect()
         try:
@@ -309,21 +358,20 @@ class Transport:
             raise RemoteError(f"{self.name}: connection lost during {_short(shown)}: {e}") from None
         finally:
             chan.close()
-        result = CommandResult(shown, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), bytes(out))
-        if check and rc != 0:
-            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
-            raise RemoteError(f"{self.name}: `{_short(shown)}` exited {rc}: {detail[0][:300]}")
-        return result
+        return CommandResult(shown, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), bytes(out))
 
     def open_exec(self, script: str):
         """Start a long-lived command whose stdin is our channel (the deploy lock's holder).
         The caller owns the channel; closing it (or this process dying) ends the command."""
+        began = time.monotonic()
         ssh = self.connect()
         try:
             chan = ssh.open_session(timeout=self.host.connect_timeout)
             chan.exec_command(self._wrap(script))
         except (paramiko.SSHException, EOFError, OSError) as err:
+            _observe(self.name, script, began, f"error: {err}")
             raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None
+        _observe(self.name, script, began, "started (runs on)")
         return chan
 
     # ---- files -----------------------------------------------------------------------------
@@ -353,6 +401,16 @@ class Transport:
 
     def put_bytes(self, data: bytes, path: str, mode: int = 0o644) -> None:
         """Write `path` atomically: a temp file beside it, chmod, then rename over the target."""
+        began = time.monotonic()
+        what = f"put {path} ({len(data)} bytes, mode {mode:o})"
+        try:
+            self._put_bytes_inner(data, path, mode)
+        except RemoteError as err:
+            _observe(self.name, what, began, f"error: {str(err).removeprefix(self.name + ': ')}")
+            raise
+        _observe(self.name, what, began, "ok")
+
+    def _put_bytes_inner(self, data: bytes, path: str, mode: int) -> None:
         tmp = f"{path}.fleetspec-tmp-{secrets.token_hex(6)}"
         if self.needs_sudo:
             script = (f"umask 077; cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} && "
@@ -378,6 +436,16 @@ class Transport:
             raise RemoteError(f"{self.name}: cannot write {path}: {err}") from None
 
     def get_bytes(self, path: str) -> bytes:
+        began = time.monotonic()
+        try:
+            data = self._get_bytes_inner(path)
+        except RemoteError as err:
+            _observe(self.name, f"get {path}", began, f"error: {str(err).removeprefix(self.name + ': ')}")
+            raise
+        _observe(self.name, f"get {path}", began, f"ok ({len(data)} bytes)")
+        return data
+
+    def _get_bytes_inner(self, path: str) -> bytes:
         if self.needs_sudo:
             return self.run(["cat", "--", path], check=True).stdout_bytes
         sftp = self._sftp_client()
@@ -399,6 +467,17 @@ class Transport:
     def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
              headers: dict[str, str] | None = None) -> HttpResponse:
         """A minimal HTTP/1.1 request to 127.0.0.1:<port> on the host, through a direct-tcpip channel."""
+        began = time.monotonic()
+        what = f"{method.upper()} http://127.0.0.1:{port}{path}"
+        try:
+            response = self._http_inner(method, port, path, json, timeout, headers)
+        except RemoteError as err:
+            _observe(self.name, what, began, f"error: {str(err).removeprefix(self.name + ': ')}")
+            raise
+        _observe(self.name, what, began, f"HTTP {response.status}")
+        return response
+
+    def _http_inner(self, method, port, path, json, timeout, headers) -> HttpResponse:
         ssh = self.connect()
         body = b"" if json is None else jsonlib.dumps(json).encode()
         lines = [f"{method.upper()} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close",
