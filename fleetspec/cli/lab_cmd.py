@@ -39,7 +39,11 @@ def up_cmd(ctx, host_list):
 @click.pass_context
 def down_cmd(ctx, everything):
     """Stop this fleet root's lab hosts and remove their mounts, namespaces and cgroups; the bridge
-    and crash debris go once no lab host is left. Example: fleetspec lab down"""
+    and crash debris go once no lab host is left.
+
+    \b
+    Example: fleetspec lab down
+    """
     from fleetspec.lab import lab as lab_ops
 
     try:
