@@ -214,7 +214,7 @@ def test_refused_in_one_line(tmp_path, name, text, mode, says):
 
 def test_proxy_jump_becomes_the_jump_host(tmp_path):
     path = tmp_path / "hosts.ini"
-    path.write_text("[gpu]\nct129 ansible_host=10.0.0.29\n[gpu:vars]\n"
+    path.write_text("[gpu]\nct129 ansible_host=ct129.gpu.example\n[gpu:vars]\n"
                     "ansible_ssh_common_args='-o ProxyJump=ops@bastion.example:2222'\n")
     jump = load_inventory(path).hosts["ct129"].jump
     assert (jump.user, jump.address, jump.port) == ("ops", "bastion.example", 2222)
