@@ -26,6 +26,7 @@ class Baseline:
     taken_at: float = 0.0
     taken_by: str = ""
     notes: list[str] = field(default_factory=list)
+    modes: dict[str, int] = field(default_factory=dict)   # path -> permission bits as found (restored so)
 
     @property
     def unit_sha256(self) -> str:
@@ -49,6 +50,7 @@ class Baseline:
         expected = raw.pop("dropins_sha256")
         if {p: sha256(b) for p, b in dropins.items()} != expected:
             raise ValueError("baseline drop-ins do not match their recorded sha256")
+        raw["modes"] = {str(p): int(m) & 0o7777 for p, m in (raw.get("modes") or {}).items()}
         return cls(unit_bytes=unit, dropins=dropins, **raw)
 
     def differences(self, unit_bytes: bytes, dropins: dict[str, bytes]) -> list[str]:
