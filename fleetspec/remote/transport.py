@@ -411,6 +411,11 @@ class Transport:
     def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
              headers: dict[str, str] | None = None) -> HttpResponse:
         """A minimal HTTP/1.1 request to 127.0.0.1:<port> on the host, through a direct-tcpip channel."""
+        for k, v in (headers or {}).items():
+            if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
+                # a CR/LF in a header value (an API key from the environment) would add headers or a request
+                raise UserError(f"{self.name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
+                                f"refusing to send it (check the variable it comes from)")
         ssh = self.connect()
         body = b"" if json is None else jsonlib.dumps(json).encode()
         lines = [f"{method.upper()} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close",
@@ -420,10 +425,6 @@ class Transport:
         if body or method.upper() in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body)}")
         for k, v in (headers or {}).items():
-            if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
-                # a CR/LF in a header value (an API key from the environment) would add headers or a request
-                raise UserError(f"{self.name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
-                                f"refusing to send it (check the variable it comes from)")
             lines.append(f"{k}: {v}")
         request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
         where = f"{self.name}: http://127.0.0.1:{port}{path}"
