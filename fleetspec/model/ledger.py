@@ -85,7 +85,7 @@ class ParsedLedger:
 
 def parse(text: str) -> ParsedLedger:
     entries, skipped = [], []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):   # not splitlines: \x85 or U+2028 inside a line is no line end
         if not line.strip():
             continue
         try:

@@ -307,7 +307,7 @@ def in_place_undo(release: Release, rdir: str) -> str:
     for path in sorted(release.files):
         live, base = f"{site}/{path}", release.base_files.get(path)
         if base:
-            pristine = f"echo {q(base + '  ' + live)} | sha256sum -c --quiet --status 2>/dev/null"
+            pristine = f"printf '%s\\n' {q(base + '  ' + live)} | sha256sum -c --quiet --status 2>/dev/null"
             lines.append(f"{pristine} || {{ {files.copy_atomic(f'{rdir}/backup/{path}', live, base)} || exit 1; }}")
         else:
             lines.append(files.remove(live))

@@ -79,7 +79,7 @@ def remove_durable(path: str) -> str:
 def copy_atomic(src: str, dest: str, sha256: str | None = None) -> str:
     """Copy then rename, checking the copy's hash before it replaces anything; data and folder fsynced."""
     tmp = dest + TMP_SUFFIX
-    check = f" && echo {q(sha256 + '  ' + tmp)} | sha256sum -c --quiet" if sha256 else ""
+    check = f" && printf '%s\\n' {q(sha256 + '  ' + tmp)} | sha256sum -c --quiet" if sha256 else ""
     return (f"cp -p -- {q(src)} {q(tmp)}{check} && {fsync(tmp)} && mv -f -- {q(tmp)} {q(dest)} && "
             f"{fsync(parent(dest))}")
 
