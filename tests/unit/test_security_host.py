@@ -243,7 +243,7 @@ def _durable_write(lines: list[str], tmp: str, dest: str) -> bool:
     return any(i < r for i in _fsynced(lines, tmp)) and any(i > r for i in _fsynced(lines, str(Path(dest).parent)))
 
 
-STRACE = ["strace", "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2"]
+STRACE = ["strace", "-f", "--seccomp-bpf", "-qq", "-y", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2"]
 needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 
 
