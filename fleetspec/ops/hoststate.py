@@ -112,11 +112,11 @@ class HostState:
                 modes[path] = int(bits, 8)
         return modes
 
-    def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> None:
+    def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> Baseline:
         """Build baseline.tmp/, then rename it into place: a baseline is whole or absent. The
         folder is 0700, baseline.json (it holds every drop-in's bytes) 0600, and each copy of the
         unit or a drop-in its source's mode without group/other bits; the modes are recorded so that
-        a rollback restores each file with the mode it had."""
+        a rollback restores each file with the mode it had. Returns the baseline as written."""
         if not baseline.modes:
             baseline = dataclasses.replace(baseline, modes=self.file_modes([baseline.unit_path, *baseline.dropins]))
         base = str(self.layout.baseline)
@@ -139,6 +139,7 @@ class HostState:
                               timeout=30, check=True)
         if self.mirror:
             write_private(self.mirror / "baseline.json", baseline.to_json().encode())
+        return baseline
 
     # releases ---------------------------------------------------------------------------
     def current(self) -> str | None:

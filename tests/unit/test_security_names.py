@@ -267,3 +267,19 @@ def test_an_api_key_with_cr_or_lf_never_reaches_a_header(a, bad, b):
     host = SimpleNamespace(name="h", host_key_policy="strict")
     with pytest.raises(UserError, match="CR, LF or NUL"):
         Transport(host).http("GET", 30000, "/generate", headers={"Authorization": f"Bearer {a}{bad}{b}"})
+
+
+@PROP
+@given(st.one_of(hostile, st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,20}\.service", fullmatch=True)))
+def test_the_guard_instance_of_an_accepted_service_is_its_state_folder(service):
+    """The guard runs `<state root>/%i/current/rollback.sh`; systemd puts the raw instance in %i
+    (and undoes `\\xNN` escapes and maps '-' to '/' only in %I). An accepted name has no `\\` and no
+    `%`, so the instance the drop-in names is the state folder, character for character."""
+    from fleetspec.model.layout import HostLayout
+
+    assume(is_service(service))
+    guard = (ROOT / "templates" / "fleetspec-guard@.service.j2").read_text()
+    assert "/%i/current/rollback.sh" in guard and "%I" not in guard
+    instance = service.removesuffix(".service")
+    assert "\\" not in instance and "%" not in instance and "/" not in instance
+    assert HostLayout(service).base.name == instance
