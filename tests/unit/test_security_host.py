@@ -341,3 +341,46 @@ def test_the_controller_mirror_is_written_0600_and_fsynced(tmp_path):
     write_private(mirror / "baseline.json", b"{}")          # and again in this process: still 0600
     append_private(mirror / "ledger.jsonl", "y\n")
     assert (mirror / "ledger.jsonl").read_text() == "x\ny\n" and mode(mirror / "baseline.json") == 0o600
+
+
+@needs_strace
+def test_rollback_sh_fsyncs_the_drop_in_and_the_current_flip(tmp_path):
+    """rollback.sh (previous state: a release) run for real, with a systemctl that only records."""
+    import hashlib
+
+    from fleetspec.ops.switching import _env
+
+    state, etc, bin_ = tmp_path / "state", tmp_path / "etc", tmp_path / "bin"
+    for d in (state / "releases" / "r0" / "unit", etc / f"{SERVICE}.d", bin_):
+        d.mkdir(parents=True)
+    previous_dropin = state / "releases" / "r0" / "unit" / "50-fleetspec.conf"
+    previous_dropin.write_bytes(b"[Service]\nEnvironment=R=0\n")
+    dropin = etc / f"{SERVICE}.d" / "50-fleetspec.conf"
+    dropin.write_bytes(b"[Service]\nEnvironment=R=1\n")
+    unit = etc / SERVICE
+    unit.write_bytes(b"[Service]\nExecStart=/bin/true\n")
+    (state / "current").symlink_to(state / "releases" / "r1")
+    (bin_ / "systemctl").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "systemctl").chmod(0o755)
+    release = Release(id="r1", host="h", service=SERVICE, algo="ddtree", mode="release", sglang_version="x",
+                      argv=["/bin/true"], previous="r0")
+    root = Path(__file__).resolve().parents[2]
+    text = _env(root).get_template("rollback.sh.j2").render(
+        service=SERVICE, release=release, previous_label="r0", state_dir=str(state), dropin_path=str(dropin),
+        previous_dropin=str(previous_dropin), previous_current=str(state / "releases" / "r0"),
+        previous_dropin_sha256=hashlib.sha256(previous_dropin.read_bytes()).hexdigest(),
+        restore_files=[], remove_files=[], unit_sha256=hashlib.sha256(unit.read_bytes()).hexdigest(),
+        unit_path=str(unit))
+    (tmp_path / "rollback.sh").write_text(text)
+    log = tmp_path / "strace.log"
+    r = subprocess.run([*STRACE, "-o", str(log), "sh", str(tmp_path / "rollback.sh"), "--reason", 'it "broke"'],
+                       capture_output=True, text=True, env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert dropin.read_bytes() == previous_dropin.read_bytes() and os.readlink(state / "current") == str(
+        state / "releases" / "r0")
+    lines = _strace_log(log)
+    assert _durable_write(lines, f"{dropin}.fleetspec-tmp", str(dropin)), lines
+    flip = _renamed(lines, str(state / "current.fleetspec-tmp"), str(state / "current"))
+    assert flip and any(i > flip[-1] for i in _fsynced(lines, str(state))), lines
+    notes = [json.loads(x) for x in (state / "ledger.jsonl").read_text().split("\n") if x]
+    assert [n["detail"]["reason"] for n in notes] == ['it "broke"'] * 2 and _fsynced(lines, str(state / "ledger.jsonl"))
