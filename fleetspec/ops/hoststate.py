@@ -15,9 +15,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from fleetspec.errors import RemoteError
 from fleetspec.model import ledger as ledger_model
 from fleetspec.model.baseline import Baseline
-from fleetspec.errors import RemoteError
 from fleetspec.model.layout import STATE_ROOT, HostLayout
 from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release

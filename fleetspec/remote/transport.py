@@ -20,7 +20,7 @@ import time
 from base64 import b64encode
 from dataclasses import dataclass, field
 from hashlib import sha256
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
 import paramiko
@@ -357,7 +357,7 @@ class Transport:
         content-addressed objects skip it: a torn one fails its hash check where it is used)."""
         tmp = f"{path}.fleetspec-tmp-{secrets.token_hex(6)}"
         q = shlex.quote
-        folder = str(Path(path).parent)
+        folder = str(PurePosixPath(path).parent)
         rename = (f"sync -- {q(tmp)} && mv -f -- {q(tmp)} {q(path)} && sync -- {q(folder)}" if durable
                   else f"mv -f -- {q(tmp)} {q(path)}")
         if self.needs_sudo:
