@@ -31,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from fleetspec.errors import FleetspecError
 from fleetspec.model import ledger as L
@@ -384,3 +385,28 @@ def test_rollback_sh_fsyncs_the_drop_in_and_the_current_flip(tmp_path):
     assert flip and any(i > flip[-1] for i in _fsynced(lines, str(state))), lines
     notes = [json.loads(x) for x in (state / "ledger.jsonl").read_text().split("\n") if x]
     assert [n["detail"]["reason"] for n in notes] == ['it "broke"'] * 2 and _fsynced(lines, str(state / "ledger.jsonl"))
+
+
+_NAME_CHARS = st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.one_of(st.sampled_from(["$(touch PWNED)", "`touch PWNED`", "-rf", "a b", "it's", "x\ny", "..."]),
+                      st.text(alphabet=_NAME_CHARS, min_size=1, max_size=20)))
+def test_durable_builders_with_hostile_file_names_write_exactly_their_file(tmp_path_factory, name):
+    """copy_atomic, symlink_atomic, append_line and remove_durable, fsync steps included, run by a
+    real shell on a file named with shell metacharacters, newlines, a leading '-': each does its
+    one job and nothing else appears in the folder."""
+    assume(name not in (".", ".."))
+    d = tmp_path_factory.mktemp("hostile")
+    src = d / "src"
+    src.write_bytes(b"data\n")
+    (d / "r1").mkdir()
+    dest, link, ledger = d / f"c-{name}", d / f"l-{name}", d / f"j-{name}"
+    script = " && ".join([files.copy_atomic(str(src), str(dest)), files.symlink_atomic(str(d / "r1"), str(link)),
+                          files.append_line(str(ledger), name.replace("\n", " ")), files.remove_durable(str(src))])
+    r = subprocess.run(["sh", "-c", script], cwd=d, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in d.iterdir()) == sorted(["r1", dest.name, link.name, ledger.name])
+    assert dest.read_bytes() == b"data\n" and os.readlink(link) == str(d / "r1")
+    assert ledger.read_text() == name.replace("\n", " ") + "\n"
