@@ -81,6 +81,12 @@ def _quote_assignment(text: str) -> str:
     return _c_quoted(text) if _needs_quotes(text) else text
 
 
+def oneline(value: object) -> str:
+    """Text for a comment line: control characters (a newline would end the comment and start a
+    directive or a command) become '?'."""
+    return "".join("?" if _is_control(ch) else ch for ch in str(value))
+
+
 def environment(root: str | Path | None = None) -> jinja2.Environment:
     """Templates from `<root>/templates/`; undefined names fail loudly (StrictUndefined)."""
     loader = jinja2.FileSystemLoader(str(Path(root) / "templates")) if root is not None else None
@@ -88,6 +94,7 @@ def environment(root: str | Path | None = None) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["systemd_quote"] = systemd_quote
     env.filters["exec_line"] = exec_line
+    env.filters["oneline"] = oneline
     env.globals["environment_line"] = environment_line
     return env
 

@@ -31,6 +31,7 @@ class Baseline:
     taken_at: float = 0.0
     taken_by: str = ""
     notes: list[str] = field(default_factory=list)
+    modes: dict[str, int] = field(default_factory=dict)   # path -> permission bits as found (restored so)
 
     @property
     def unit_sha256(self) -> str:
@@ -56,6 +57,7 @@ class Baseline:
             raise ValueError("baseline drop-ins do not match their recorded sha256")
         if isinstance(raw.get("environment"), list):     # names only (older baselines)
             raw["environment"] = {name: None for name in raw["environment"]}
+        raw["modes"] = {str(p): int(m) & 0o7777 for p, m in (raw.get("modes") or {}).items()}
         return cls(unit_bytes=unit, dropins=dropins, **raw)
 
     def differences(self, unit_bytes: bytes, dropins: dict[str, bytes], secret_names=(),

@@ -14,11 +14,11 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from fleetspec.errors import ConfigError, UserError
+from fleetspec.model.names import is_service
 from fleetspec.model.yamlload import Fields, describe, load_yaml_file
 
 POLICIES = ("strict", "accept-new")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_UNIT = re.compile(r"^(?!\.)(?!.*\.\.)[A-Za-z0-9@:_.\\-]{1,200}\.service$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")      # fullmatch: `$` would let a trailing newline in
 _JUMP = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>[^@\s:\[\]]+|\[[0-9a-fA-F:.]+\])(?::(?P<port>\d+))?$")
 
 
@@ -180,13 +180,13 @@ def load_inventory(path: str | Path) -> Inventory:
     if not raw_hosts:
         hosts_f.fail(None, "expected at least one host")
     for name in raw_hosts:
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             hosts_f.fail(str(name), "host names are letters, digits, '.', '_' or '-'")
 
     groups: dict[str, tuple[str, ...]] = {}
     for gname, members in groups_f.data.items():
         key = groups_f.key(str(gname))
-        if not isinstance(gname, str) or not _NAME.match(gname) or gname == "all":
+        if not isinstance(gname, str) or not _NAME.fullmatch(gname) or gname == "all":
             raise ConfigError(path, key, "group names are letters, digits, '.', '_' or '-' (not 'all')")
         if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
             raise ConfigError(path, key, f"expected a list of host names, got {describe(members)}")
@@ -272,11 +272,12 @@ def _build_vars(merged: dict, path: Path, key: str) -> HostVars:
         env = spec.get("secret_env", str, required=True)
         spec.done()
         values["api_key"] = SecretRef(env)
-    if "service" in values and not _UNIT.match(values["service"]):
-        # It names /var/lib/fleetspec/<service>/ and the unit's drop-in folder: no paths, no shell.
+    if "service" in values and not is_service(values["service"]):
+        # It names /var/lib/fleetspec/<service>/, the unit's drop-in folder and the guard's %i:
+        # no paths, no shell, no leading '-' (an option to systemctl), no systemd `\xNN` escapes.
         raise ConfigError(path, f"{key}.service",
-                          f"expected a systemd unit name like sglang.service (letters, digits, @ : _ . -), "
-                          f"got {values['service']!r}")
+                          f"expected a systemd unit name like sglang.service (letters, digits, @ : _ . -, "
+                          f"starting with a letter or digit, no '..'), got {values['service']!r}")
     if "api_port" in values and not 1 <= values["api_port"] <= 65535:
         raise ConfigError(path, f"{key}.api_port", f"expected a port number 1-65535, got {values['api_port']}")
     if "extra" in values:

@@ -41,6 +41,11 @@ class HostLayout:
         return self.base / "lock"
 
     @property
+    def run(self) -> PurePosixPath:
+        """Root-only (0700) folder where remote python starts and scratch folders are made."""
+        return self.root / "run"
+
+    @property
     def objects(self) -> PurePosixPath:
         """Content-addressed store of uploaded files (sha256 names), so nothing is sent twice."""
         return self.root / "objects"

@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from fleetspec.model.names import is_name
+
 # Release statuses, in the order a healthy deploy goes through them.
 STARTED = "started"
 STAGED, SWITCHED, HEALTHY = "staged", "switched", "healthy"
@@ -83,14 +85,19 @@ class ParsedLedger:
 
 def parse(text: str) -> ParsedLedger:
     entries, skipped = [], []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):   # not splitlines: \x85 or U+2028 inside a line is no line end
         if not line.strip():
             continue
         try:
             raw = json.loads(line)
-            entries.append(Entry(**{k: raw[k] for k in ("kind", "release", "name", "state", "ts", "by", "detail")}))
+            entry = Entry(**{k: raw[k] for k in ("kind", "release", "name", "state", "ts", "by", "detail")})
         except (ValueError, KeyError, TypeError):
             skipped.append(number)
+            continue
+        if not is_name(entry.release):      # it becomes a path part (prune, revert): a hostile one is no entry
+            skipped.append(number)
+            continue
+        entries.append(entry)
     return ParsedLedger(entries, skipped)
 
 

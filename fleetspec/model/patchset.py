@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Mapping, TypeVar
 
 from fleetspec.errors import ConfigError, UserError
+from fleetspec.model.names import is_name
 
 MANIFEST = "manifest.json"
 FILES = "files"
 ACTIONS = ("add", "replace")
 WHEEL_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "wheels"
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-_TOP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(-[A-Za-z0-9_.+]+\.dist-info)?$")
+_TOP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(-[A-Za-z0-9_.+]+\.dist-info)?")   # fullmatch
 _SKIP = ("__pycache__",)
 
 T = TypeVar("T")
@@ -116,12 +117,15 @@ def load_patchset(folder: Path | str) -> PatchSet:
     if not isinstance(data, dict):
         raise ConfigError(manifest, None, "a JSON object")
     package = _str_field(manifest, data, "package")
+    if not is_name(package) or not _TOP_NAME.fullmatch(package):
+        # The overlay script makes and links <site-packages>/<package>: a path or `..` here works outside it.
+        raise ConfigError(manifest, "package", f"a top-level package name (letters, digits, '_'), got {package!r}")
     version = _str_field(manifest, data, "version")
     extra = data.get("extra_top_level", [])
     if not isinstance(extra, list):
         raise ConfigError(manifest, "extra_top_level", "a list of top-level names")
     for i, name in enumerate(extra):
-        if not isinstance(name, str) or not _TOP_NAME.match(name) or name == package:
+        if not isinstance(name, str) or not _TOP_NAME.fullmatch(name) or ".." in name or name == package:
             raise ConfigError(manifest, f"extra_top_level[{i}]",
                               f"a package or *.dist-info folder name other than {package!r}, got {name!r}")
     raw_files = data.get("files")
@@ -258,7 +262,7 @@ def build_patchset(base: str, source: Path | str, out: Path | str, wheels: Path 
     entries = []
     for rel in rels:
         problem = path_problem(rel, package, tops)
-        if problem or not _TOP_NAME.match(rel.split("/")[0]):
+        if problem or not _TOP_NAME.fullmatch(rel.split("/")[0]):
             raise ConfigError(source / rel, None, problem or "a top-level package or *.dist-info name")
         sha = sha256_file(source / rel)
         if rel in record:

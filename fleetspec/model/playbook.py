@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from fleetspec.errors import UserError
+from fleetspec.model.names import is_name
 from fleetspec.model.yamlload import Fields, describe, load_yaml_file
 
 Scalar = bool | int | float | str
@@ -134,7 +135,7 @@ def load_playbook_for(root: Path, algo: str) -> Playbook:
     """The playbook of `algo` under `<root>/playbooks/`; an unknown algo names the known ones."""
     pdir = Path(root) / "playbooks"
     path = pdir / f"{algo}.yaml"
-    if "/" in algo or not path.is_file():
+    if not is_name(algo) or not path.is_file():
         known = ", ".join(available_algos(pdir)) or "none"
         raise UserError(f"unknown algo {algo!r}: no {path} (known: {known})")
     return load_playbook(path)
@@ -147,6 +148,9 @@ def load_playbook(path: str | Path) -> Playbook:
     algo = top.get("algo", str, required=True)
     if algo != path.stem:
         top.fail("algo", f"expected {path.stem!r} (the file's name), got {algo!r}")
+    if not is_name(algo):       # release ids carry it into paths, rollback.sh and the ledger
+        top.fail("algo", "letters, digits, '_', '.' or '-' starting with a letter or digit (it is the file's "
+                         f"name, and release ids carry it), got {algo!r}")
     spec_alg = top.get("speculative_algorithm", str, required=True)
     description = top.get("description", str, "")
     options = _options(top.sub("options"))

@@ -7,6 +7,8 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field
 
+from fleetspec.model.names import check_name, relpath_problem
+
 BASELINE = "baseline"
 
 
@@ -39,4 +41,14 @@ class Release:
 
     @classmethod
     def from_json(cls, text: str) -> "Release":
-        return cls(**json.loads(text))
+        """A manifest read back from a host: its names become path parts, so each is checked."""
+        release = cls(**json.loads(text))
+        check_name(release.id, "release id")
+        check_name(release.previous, "previous release id")
+        for path in [*release.files, *release.base_files]:
+            problem = relpath_problem(path)
+            if problem:
+                raise ValueError(f"release {release.id}: file paths must be {problem}")
+        for name in release.kernels:
+            check_name(name, "kernel file name")
+        return release

@@ -1,19 +1,25 @@
 """fleetspec's own state on one host for one service: ledger, baseline, releases, current.
 
-Every write is temp-then-rename (or a single O_APPEND line for the ledger) and the ledger is
-mirrored to the fleet root's .fleetspec/ folder, so a host that dies keeps its story locally too.
+Every write is temp-then-rename (or a single O_APPEND line for the ledger), fsynced with its
+folder, and the ledger is mirrored to the fleet root's .fleetspec/ folder, so a host that dies
+keeps its story locally too. The state folders are root-only (0700) and the baseline's copies of
+the unit and drop-ins keep their source's mode or tighter (a drop-in may hold a token).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from fleetspec.errors import RemoteError
 from fleetspec.model import ledger as ledger_model
 from fleetspec.model.baseline import Baseline
-from fleetspec.model.layout import HostLayout
+from fleetspec.model.layout import STATE_ROOT, HostLayout
+from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.remote import files
 
@@ -35,9 +41,10 @@ class HostState:
     redact: object = None         # text -> text: secrets out of every ledger line (set by deploy)
     lock: object = None           # remote.lock.RemoteLock held by this operation: every ledger line
                                   # (each step starts with one) first checks it is still ours
+    root: PurePosixPath = STATE_ROOT   # the host's state root (tests point it at a scratch folder)
 
     def __post_init__(self):
-        self.layout = HostLayout(self.service)
+        self.layout = HostLayout(self.service, PurePosixPath(self.root))
         self.dropin = dropin_path(self.service)
         self.repaired: str | None = None       # said by read_baseline when it put the baseline back
 
@@ -47,7 +54,8 @@ class HostState:
         if self.redact is not None:
             line = self.redact(line)
         guard = self.lock.guard() + "; " if self.lock is not None else ""
-        r = self.t.run_script(guard + f"mkdir -p {q(str(self.layout.base))} && chmod 0755 {q(str(self.layout.base))} && "
+        base = str(self.layout.base)
+        r = self.t.run_script(guard + f"umask 077 && mkdir -p -- {q(base)} && chmod 0700 -- {q(base)} && "
                               + files.append_line(str(self.layout.ledger), line), timeout=30, check=not guard)
         if guard:
             self.lock.check(r)                 # LockLost: nothing written, the caller stops
@@ -57,9 +65,7 @@ class HostState:
 
                 raise RemoteError(f"{self.host}: appending to {self.layout.ledger} exited {r.rc}: {detail[0][:300]}")
         if self.mirror:
-            self.mirror.mkdir(parents=True, exist_ok=True)
-            with open(self.mirror / "ledger.jsonl", "a") as fh:
-                fh.write(line + "\n")
+            append_private(self.mirror / "ledger.jsonl", line + "\n")
 
     def ledger(self) -> ledger_model.ParsedLedger:
         text = self.t.run_script(files.read_optional(str(self.layout.ledger), ""), timeout=30, check=True).stdout
@@ -103,37 +109,70 @@ class HostState:
             self.repaired = f"{self.host}: the baseline on the host was corrupt ({problem[:80]}); repaired from {local}"
         return good
 
-    def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> None:
-        """Build baseline.tmp/, then rename it into place: a baseline is whole or absent."""
+    def file_modes(self, paths: list[str]) -> dict[str, int]:
+        """Permission bits of the files that exist among `paths`."""
+        if not paths:
+            return {}
+        out = self.t.run_script("stat -c '%a %n' -- " + " ".join(q(p) for p in paths) + " 2>/dev/null; true",
+                                timeout=30, check=True).stdout
+        modes = {}
+        for line in out.splitlines():
+            bits, _, path = line.partition(" ")
+            if path in paths and bits.isdigit():
+                modes[path] = int(bits, 8)
+        return modes
+
+    def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> Baseline:
+        """Build baseline.tmp/, then rename it into place: a baseline is whole or absent. The
+        folder is 0700, baseline.json (it holds every drop-in's bytes) 0600, and each copy of the
+        unit or a drop-in its source's mode without group/other bits; the modes are recorded so that
+        a rollback restores each file with the mode it had. Returns the baseline as written."""
+        if not baseline.modes:
+            baseline = dataclasses.replace(baseline, modes=self.file_modes([baseline.unit_path, *baseline.dropins]))
         base = str(self.layout.baseline)
         tmp = base + files.TMP_SUFFIX
-        self.t.run_script(f"rm -rf {q(tmp)} && mkdir -p {q(tmp)}/dropins", timeout=30, check=True)
-        self.t.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o644)
-        self.t.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=0o644)
+        self.t.run_script(f"umask 077 && mkdir -p -- {q(str(self.layout.base))} && "
+                          f"chmod 0700 -- {q(str(self.layout.base))} && rm -rf -- {q(tmp)} && "
+                          f"mkdir -m 0700 -- {q(tmp)} {q(tmp + '/dropins')}", timeout=30, check=True)
+        self.t.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o600)
+        self.t.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=copy_mode(baseline.modes.get(baseline.unit_path)))
         for i, (path, data) in enumerate(sorted(baseline.dropins.items())):
-            self.t.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=0o644)
+            self.t.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=copy_mode(baseline.modes.get(path)))
+        parent = q(str(self.layout.base))
         if replace:
             old = base + ".old"
-            self.t.run_script(f"rm -rf {q(old)}; if [ -d {q(base)} ]; then mv -T {q(base)} {q(old)}; fi && "
-                              f"mv -T {q(tmp)} {q(base)} && rm -rf {q(old)}", timeout=30, check=True)
+            self.t.run_script(f"rm -rf -- {q(old)}; if [ -d {q(base)} ]; then mv -T -- {q(base)} {q(old)}; fi && "
+                              f"mv -T -- {q(tmp)} {q(base)} && sync -- {parent} && rm -rf -- {q(old)}",
+                              timeout=30, check=True)
         else:
-            self.t.run_script(f"[ ! -e {q(base)} ] && mv -T {q(tmp)} {q(base)}", timeout=30, check=True)
+            self.t.run_script(f"[ ! -e {q(base)} ] && mv -T -- {q(tmp)} {q(base)} && sync -- {parent}",
+                              timeout=30, check=True)
         if self.mirror:
-            self.mirror.mkdir(parents=True, exist_ok=True)
-            (self.mirror / "baseline.json").write_text(baseline.to_json())
+            write_private(self.mirror / "baseline.json", baseline.to_json().encode())
+        return baseline
 
     # releases ---------------------------------------------------------------------------
     def current(self) -> str | None:
         """The release `current` points at, or None (the baseline)."""
-        out = self.t.run_script(f"readlink {q(str(self.layout.current))} || true", timeout=30, check=True).stdout.strip()
-        return Path(out).name if out else None
+        out = self.t.run_script(f"readlink -- {q(str(self.layout.current))} || true", timeout=30, check=True).stdout
+        out = out.removesuffix("\n")
+        if not out:
+            return None
+        name = PurePosixPath(out).name
+        if not is_name(name) or PurePosixPath(out).parent != self.layout.releases:
+            raise RemoteError(f"{self.host}: {self.layout.current} points at {out!r}, not at a release folder "
+                              f"of {self.layout.releases}; refusing to use it")
+        return name
 
     def read_release(self, release_id: str) -> Release:
-        path = self.layout.release(release_id) / "manifest.json"
-        return Release.from_json(self.t.get_bytes(str(path)).decode())
+        path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
+        try:
+            return Release.from_json(self.t.get_bytes(str(path)).decode())
+        except (ValueError, TypeError, KeyError) as err:
+            raise RemoteError(f"{self.host}: {path} is not a valid release manifest: {str(err)[:200]}") from None
 
     def release_exists(self, release_id: str) -> bool:
-        path = self.layout.release(release_id) / "manifest.json"
+        path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
         return self.t.run_script(f"test -f {q(str(path))}", timeout=30, check=False).rc == 0
 
     def healthy_releases(self) -> list[str]:
@@ -145,6 +184,58 @@ class HostState:
 
     def target_label(self, release_id: str | None) -> str:
         return release_id or BASELINE
+
+
+def _release_name(release_id: str, host: str) -> str:
+    if not is_name(release_id):
+        raise RemoteError(f"{host}: {release_id!r} is not a release id; refusing to use it as a path")
+    return release_id
+
+
+def copy_mode(source: int | None) -> int:
+    """A baseline copy's mode: its source's owner bits (read/write only), never group or other."""
+    return (source & 0o600) if source is not None else 0o600
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a local file 0600 in a 0700 folder, atomically and durably (temp, fsync, rename, fsync
+    the folder): the mirror holds the baseline, and with it every drop-in's bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path.parent, 0o700)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def append_private(path: Path, text: str) -> None:
+    """Append to a local 0600 file in a 0700 folder, fsynced (file, and folder when created)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path.parent, 0o700)
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_json(text: str) -> dict:

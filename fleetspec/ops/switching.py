@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from fleetspec import render
 from fleetspec.errors import FleetspecError
 from fleetspec.model import ledger as L
+from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops import probes
 from fleetspec.ops.hoststate import HostState, dropin_path
@@ -44,7 +45,7 @@ def upload_objects(t, state: HostState, blobs: dict[str, bytes]) -> int:
     missing = t.run_script(files.missing_objects(store, sorted(blobs)), timeout=60, check=True).stdout.split()
     sent = 0
     for digest in missing:
-        t.put_bytes(blobs[digest], f"{store}/{digest}", mode=0o644)
+        t.put_bytes(blobs[digest], f"{store}/{digest}", mode=0o644, durable=False)   # hash-checked where used
         sent += len(blobs[digest])
     return sent
 
@@ -81,9 +82,12 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
     secrets = pf.secret_values()
     if secrets:
         t.run_script(f"mkdir -m 0700 {q(tmp + '/secrets')}", timeout=30, check=True)
-        t.put_bytes(env_file_text(secrets).encode(), f"{tmp}/{SECRETS_FILE}", mode=0o600)
-    t.put_bytes(release.to_json().encode(), f"{tmp}/manifest.json", mode=0o644)
-    t.run_script(f"rm -rf {q(final)} && mv -T {q(tmp)} {q(final)}", timeout=60, check=True)
+        t.put_bytes(env_file_text(secrets).encode(), f"{tmp}/{SECRETS_FILE}", mode=0o600, durable=False)
+    t.put_bytes(release.to_json().encode(), f"{tmp}/manifest.json", mode=0o644, durable=False)
+    # One syncfs for the whole tree (thousands of overlay links) before it gets its final name,
+    # then the rename itself: `current` may point here after a power cut only at a whole release.
+    t.run_script(f"sync -f -- {q(tmp)} && rm -rf -- {q(final)} && mv -T -- {q(tmp)} {q(final)} && "
+                 f"{files.fsync(files.parent(final))}", timeout=120, check=True)
     return release
 
 
@@ -98,7 +102,7 @@ def _py_compile(t, pf, paths: list[str]) -> None:
     if not paths:
         return
     code = "import py_compile,sys\nfor p in sys.argv[1:]: py_compile.compile(p, doraise=True, cfile=None)"
-    r = t.run([pf.python, "-c", code, *paths], timeout=300, check=False)
+    r = t.run_script(files.python_c(pf.python, code, paths, rundir=str(pf.layout.run)), timeout=300, check=False)
     if r.rc != 0:
         raise FleetspecError(f"py_compile failed on the host: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
 
@@ -128,6 +132,21 @@ sys.stdout.write("\\nFLEETSPEC-SMOKE " + json.dumps(results) + "\\n")
 """
 
 
+def run_smoke_scripts(t, python: str, scripts: list[tuple[str, str]], pythonpath: str | None, rundir: str):
+    """One runner process for all scripts, started in the root-only `rundir` with PYTHONSAFEPATH
+    (files.python_c): never from /tmp, where anyone's json.py or torch.py would run as root.
+    Returns (the command's result, {name: [exit code, output]})."""
+    payload = json.dumps([[name, script] for name, script in scripts]).encode()
+    env = {"PYTHONPATH": pythonpath} if pythonpath else {}
+    r = t.run_script(files.python_c(python, _SMOKE_RUNNER, env=env, rundir=rundir, timeout_s=600), timeout=660,
+                     check=False, stdin=payload)
+    marker = [line for line in r.stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
+    if not marker:
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
+        raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
+    return r, json.loads(marker[-1].split(" ", 1)[1])
+
+
 def smoke(t, pf, state: HostState, release: Release) -> dict:
     """Run the offline smoke tests in the host's python with the release on its path."""
     overlay = str(state.layout.release(release.id) / "overlay")
@@ -135,15 +154,8 @@ def smoke(t, pf, state: HostState, release: Release) -> dict:
     scripts = pf.smoke_scripts(kernels_dir=kernels)
     if not scripts:
         return {"smoke": {}}
-    env = f"PYTHONPATH={q(overlay)} " if release.files else ""
-    payload = json.dumps([[name, script] for name, script, _ in scripts]).encode()
-    r = t.run_script(f"cd /tmp && {env}timeout 600 {q(pf.python)} -c {q(_SMOKE_RUNNER)}", timeout=660,
-                     check=False, stdin=payload)
-    marker = [line for line in r.stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
-    if not marker:
-        tail = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
-        raise FleetspecError(f"smoke tests did not run in {pf.python}: {tail}")
-    ran = json.loads(marker[-1].split(" ", 1)[1])
+    r, ran = run_smoke_scripts(t, pf.python, [(name, script) for name, script, _ in scripts],
+                               overlay if release.files else None, str(state.layout.run))
     results = {}
     for name, _, parse in scripts:
         if name not in ran:
@@ -220,13 +232,17 @@ def lint_unit(t, pf, dropin: str) -> str:
     have = t.run_script("command -v systemd-analyze >/dev/null", timeout=30, check=False).rc == 0
     if not have:
         return "skipped (no systemd-analyze)"
-    scratch = f"/tmp/fleetspec-lint-{pf.service}-{int(time.time() * 1000)}"
+    # A fresh unguessable folder inside the root-only run folder: a fixed or time-based name in a
+    # shared folder can be made first by anyone, with `<svc>.d` a symlink to where root then writes.
+    scratch = t.run_script(files.scratch_dir(str(pf.layout.run)), timeout=30, check=True).stdout.strip()
     unit = f"{scratch}/{pf.service}"
-    t.run_script(f"mkdir -p {q(unit + '.d')}", timeout=30, check=True)
-    t.put_bytes(pf.unit_bytes, unit, mode=0o644)
-    t.put_bytes(dropin.encode(), f"{unit}.d/50-fleetspec.conf", mode=0o644)
-    r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no {q(unit)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
-                     timeout=60, check=False)
+    try:
+        t.run_script(f"mkdir -m 0700 -- {q(unit + '.d')}", timeout=30, check=True)
+        t.put_bytes(pf.unit_bytes, unit, mode=0o600, durable=False)
+        t.put_bytes(dropin.encode(), f"{unit}.d/50-fleetspec.conf", mode=0o600, durable=False)
+        r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no -- {q(unit)}", timeout=60, check=False)
+    finally:
+        t.run_script(f"rm -rf -- {q(scratch)}", timeout=30, check=False)
     lines = (r.stderr + r.stdout).splitlines()
     bad = [line for line in lines if "50-fleetspec.conf" in line or "ExecStart" in line or "Invalid" in line]
     ours = [line for line in lines if "50-fleetspec.conf" in line]   # a setting systemd would ignore
@@ -291,7 +307,7 @@ def in_place_undo(release: Release, rdir: str) -> str:
     for path in sorted(release.files):
         live, base = f"{site}/{path}", release.base_files.get(path)
         if base:
-            pristine = f"echo {q(base + '  ' + live)} | sha256sum -c --quiet --status 2>/dev/null"
+            pristine = f"printf '%s\\n' {q(base + '  ' + live)} | sha256sum -c --quiet --status 2>/dev/null"
             lines.append(f"{pristine} || {{ {files.copy_atomic(f'{rdir}/backup/{path}', live, base)} || exit 1; }}")
         else:
             lines.append(files.remove(live))
@@ -309,18 +325,21 @@ def _drop_pyc(live: str) -> str:
 def deactivate(t, state: HostState, baseline, also=()) -> None:
     """Back to the baseline: no fleetspec drop-in, no `current`, recorded unit and drop-ins byte-exact."""
     leave(t, state, also)
-    t.run_script(" && ".join([files.remove(state.dropin), files.remove(str(state.layout.current))]), timeout=60, check=True)
+    t.run_script(" && ".join([files.remove_durable(state.dropin), files.remove_durable(str(state.layout.current))]),
+                 timeout=60, check=True)
     restore_baseline_files(t, baseline)
     t.run_script("systemctl daemon-reload", timeout=120, check=True)
 
 
 def restore_baseline_files(t, baseline) -> None:
-    """Rewrite the unit file and admin drop-ins only where their bytes differ from the record."""
+    """Rewrite the unit file and admin drop-ins only where their bytes differ from the record, each
+    with the mode it had (a 0600 drop-in holding a token stays 0600; unrecorded: 0644 unit, 0600 drop-in)."""
     wanted = {baseline.unit_path: baseline.unit_bytes, **baseline.dropins}
     got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted)), timeout=60, check=True).stdout)
     for path, data in wanted.items():
         if got.get(path) != _sha(data):
-            t.put_bytes(data, path, mode=0o644)
+            default = 0o644 if path == baseline.unit_path else 0o600
+            t.put_bytes(data, path, mode=baseline.modes.get(path, default) & 0o7777)
 
 
 def restart(t, service: str) -> int | None:
@@ -329,13 +348,13 @@ def restart(t, service: str) -> int | None:
     from fleetspec.remote.facts import systemd as systemd_fact
 
     before = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout).n_restarts
-    t.run_script(f"systemctl reset-failed {q(service)} 2>/dev/null; systemctl restart --no-block {q(service)}",
+    t.run_script(f"systemctl reset-failed -- {q(service)} 2>/dev/null; systemctl restart --no-block -- {q(service)}",
                  timeout=120, check=False)
     return before
 
 
 def journal_tail(t, service: str, lines: int = 20) -> list[str]:
-    r = t.run_script(f"journalctl -u {q(service)} -n {int(lines)} --no-pager -o cat 2>&1", timeout=30, check=False)
+    r = t.run_script(f"journalctl --unit={q(service)} -n {int(lines)} --no-pager -o cat 2>&1", timeout=30, check=False)
     return r.stdout.strip().splitlines()[-lines:]
 
 
@@ -374,7 +393,9 @@ def prune(t, state: HostState, keep: int, protect=()) -> list[str]:
     failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK)]
     old = [r for r in healthy[:-keep] + failed[:-keep] if r != current and r not in protect] if keep > 0 else []
     for rid in old:
-        t.run_script(f"rm -rf {q(str(state.layout.release(rid)))}", timeout=120, check=True)
+        if not is_name(rid):    # the ledger parser drops such lines; a path part is checked where it is used too
+            continue
+        t.run_script(f"rm -rf -- {q(str(state.layout.release(rid)))}", timeout=120, check=True)
         state.record(L.Entry.status(rid, L.PRUNED))
     return old
 

@@ -21,13 +21,13 @@ import time
 from base64 import b64encode
 from dataclasses import dataclass, field
 from hashlib import sha256
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
 import paramiko
 import tenacity
 
-from fleetspec.errors import RemoteError
+from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
 
 _CHUNK = 65536
@@ -399,31 +399,39 @@ class Transport:
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
 
-    def put_bytes(self, data: bytes, path: str, mode: int = 0o644) -> None:
-        """Write `path` atomically: a temp file beside it, chmod, then rename over the target."""
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o644, durable: bool = True) -> None:
+        """Write `path` atomically: a temp file beside it (never readable by others while it is
+        written), chmod, fsync, then rename over the target and fsync the folder (`durable`;
+        content-addressed objects skip it: a torn one fails its hash check where it is used)."""
         began = time.monotonic()
         what = f"put {path} ({len(data)} bytes, mode {mode:o})"
         try:
-            self._put_bytes_inner(data, path, mode)
+            self._put_bytes_inner(data, path, mode, durable)
         except RemoteError as err:
             _observe(self.name, what, began, f"error: {str(err).removeprefix(self.name + ': ')}")
             raise
         _observe(self.name, what, began, "ok")
 
-    def _put_bytes_inner(self, data: bytes, path: str, mode: int) -> None:
+    def _put_bytes_inner(self, data: bytes, path: str, mode: int, durable: bool) -> None:
         tmp = f"{path}.fleetspec-tmp-{secrets.token_hex(6)}"
+        q = shlex.quote
+        folder = str(PurePosixPath(path).parent)
+        rename = (f"sync -- {q(tmp)} && mv -f -- {q(tmp)} {q(path)} && sync -- {q(folder)}" if durable
+                  else f"mv -f -- {q(tmp)} {q(path)}")
         if self.needs_sudo:
-            script = (f"umask 077; cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} && "
-                      f"mv -f {shlex.quote(tmp)} {shlex.quote(path)} || {{ rc=$?; rm -f {shlex.quote(tmp)}; exit $rc; }}")
+            script = (f"umask 077; cat > {q(tmp)} && chmod {mode:o} {q(tmp)} && {rename} "
+                      f"|| {{ rc=$?; rm -f {q(tmp)}; exit $rc; }}")
             self.run_script(script, check=True, stdin=data)
             return
         sftp = self._sftp_client()
         try:
             with sftp.open(tmp, "wb") as f:
+                f.chmod(0o600)              # created at the server's umask: tighten before any byte
                 f.set_pipelined(True)
                 f.write(data)
             sftp.chmod(tmp, mode)
-            sftp.posix_rename(tmp, path)
+            if not durable:
+                sftp.posix_rename(tmp, path)
         except (OSError, paramiko.SSHException) as err:
             if isinstance(err, (socket.timeout, TimeoutError)):
                 self._drop_sftp()
@@ -434,6 +442,10 @@ class Transport:
             except (OSError, paramiko.SSHException):
                 pass
             raise RemoteError(f"{self.name}: cannot write {path}: {err}") from None
+        if durable:   # SFTP has no fsync paramiko can send: one command syncs, renames and syncs the folder
+            r = self.run_script(f"{rename} || {{ rc=$?; rm -f -- {q(tmp)}; exit $rc; }}", timeout=self.io_timeout)
+            if not r.ok:
+                raise RemoteError(f"{self.name}: cannot write {path}: {(r.stderr.strip() or f'exit {r.rc}')[:300]}")
 
     def get_bytes(self, path: str) -> bytes:
         began = time.monotonic()
@@ -467,6 +479,11 @@ class Transport:
     def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
              headers: dict[str, str] | None = None) -> HttpResponse:
         """A minimal HTTP/1.1 request to 127.0.0.1:<port> on the host, through a direct-tcpip channel."""
+        for k, v in (headers or {}).items():
+            if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
+                # a CR/LF in a header value (an API key from the environment) would add headers or a request
+                raise UserError(f"{self.name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
+                                f"refusing to send it (check the variable it comes from)")
         began = time.monotonic()
         what = f"{method.upper()} http://127.0.0.1:{port}{path}"
         try:

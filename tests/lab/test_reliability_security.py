@@ -7,7 +7,7 @@
   secret (launch.secret_env) reaches the service's environment through a 0600 file and appears in
   no output, no log, no ledger, no drop-in; the inventory's api_key neither.
 - Files fleetspec writes on the host have sane owners and modes (root, nothing group/world-writable,
-  the secrets file 0600 in a 0700 folder).
+  the secrets file 0600 in a 0700 folder, the state and baseline folders 0700).
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ def test_odd_flags_arrive_intact_and_secrets_never_leak(rel, tmp_path):
 
 
 def _check_modes(rel, host):
-    """Owner root, nothing group/world-writable under fleetspec's state; ledger and baseline 0644."""
+    """Owner root, nothing group/world-writable under fleetspec's state; the state folder and the
+    baseline 0700, ledger and baseline.json 0600 (issue 13 item 3)."""
     out = rel.lab.sh(host, f"find /var/lib/fleetspec {R.DROPIN_DIR} -path '*/overlay/*' -prune -o "
                            f"-printf '%m %u %g %y %p\\n'")
     bad = []
@@ -171,6 +172,7 @@ def _check_modes(rel, host):
     assert not bad, "\n".join(bad[:20])
     modes = dict(line.split(" ", 1)[::-1] for line in rel.lab.sh(
         host, f"stat -c '%a %n' {R.STATE}/ledger.jsonl {R.STATE}/baseline {R.STATE}/baseline/baseline.json").splitlines())
-    assert modes == {f"{R.STATE}/ledger.jsonl": "644", f"{R.STATE}/baseline": "755",
-                     f"{R.STATE}/baseline/baseline.json": "644"}, modes
+    assert modes == {f"{R.STATE}/ledger.jsonl": "600", f"{R.STATE}/baseline": "700",
+                     f"{R.STATE}/baseline/baseline.json": "600"}, modes     # the baseline holds drop-ins' bytes
+    assert rel.lab.sh(host, f"stat -c %a {R.STATE}").strip() == "700"
     R.count("file mode checks")

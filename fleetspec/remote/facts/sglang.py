@@ -10,8 +10,9 @@ import base64
 import csv
 import io
 import json
-import shlex
 from dataclasses import dataclass, field
+
+from fleetspec.remote.files import python_c
 
 # Runs in the host's python (3.8+), standard library only; prints one JSON object.
 # Hashing every file of sglang costs seconds of host CPU, so verdicts are cached on the host by
@@ -162,7 +163,7 @@ class SglangInstall:
 
 
 def command(python: str) -> str:
-    return f"{shlex.quote(python)} -c {shlex.quote(SNIPPET)}"
+    return python_c(python, SNIPPET)     # from a root-only folder, never the login folder (files.python_c)
 
 
 def parse(stdout: str, python: str = "") -> SglangInstall:

@@ -65,7 +65,7 @@ class SystemdUnit:
 def command(service: str) -> str:
     unit = shlex.quote(service)
     return (f"command -v systemctl >/dev/null 2>&1 || {{ echo {NO_SYSTEMCTL}; exit 0; }}; "
-            f"systemctl show {unit} -p {','.join(PROPERTIES)}")
+            f"systemctl show -p {','.join(PROPERTIES)} -- {unit}")
 
 
 def parse_exec(value: str) -> ExecInfo:

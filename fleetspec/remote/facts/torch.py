@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
+
+from fleetspec.remote.files import python_c
 
 # Importing torch costs seconds of host CPU on every preflight, so the build facts (version, CUDA
 # build, C++ ABI, arch list) are cached on the host, keyed by the stat of torch's version.py and
@@ -72,7 +73,7 @@ class TorchInfo:
 
 
 def command(python: str) -> str:
-    return f"{shlex.quote(python)} -c {shlex.quote(SNIPPET)}"
+    return python_c(python, SNIPPET)     # from a root-only folder, never the login folder (files.python_c)
 
 
 def parse(stdout: str, python: str = "") -> TorchInfo:
