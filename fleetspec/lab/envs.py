@@ -132,12 +132,17 @@ def local_env(version: str) -> Path:
     Used by tests that run the real parser of each version; returns the venv's python.
     """
     local_env_built(version)
-    return ENVS / f"sglang-{version}" / "bin" / "python"
+    return local_env_dir(version) / "bin" / "python"
+
+
+def local_env_dir(version: str) -> Path:
+    """Keyed by the recipe, so a changed pin builds beside the old env instead of over it."""
+    return ENVS / f"sglang-{version}-{recipe_hash(version)}"
 
 
 def local_env_built(version: str) -> bool:
     """Build the local venv of `version` if missing; True when it was built now."""
-    env = ENVS / f"sglang-{version}"
+    env = local_env_dir(version)
     python = env / "bin" / "python"
     marker = env / ".complete"
     if marker.exists() and marker.read_text().strip() == recipe_hash(version):
