@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("fleetspec_lab_engine")
 
 DDTREE_REQUIRED = "sglang.srt.speculative.ddtree_utils"
+DDTREE_FLAGS = ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "speculative_ddtree_shadow_linear")
 # Top-level packages that exist only as CUDA builds (or need a GPU to import): a worker import that
 # fails for lack of one of these is logged and tolerated; any other import failure fails the start.
 GPU_ONLY = frozenset({"sgl_kernel", "flashinfer", "flash_attn", "deep_gemm", "cuda", "cutlass",
@@ -71,6 +72,9 @@ def parse(argv: list[str]) -> Parsed:
             values = _as_dict(sa.ServerArgs.from_cli_args(raw))
         except Exception:
             values = {k: _jsonable(v) for k, v in vars(raw).items()}
+    for name in DDTREE_FLAGS:   # 0.5.23's plugin keeps them as plain attributes, off resolved_dict
+        if values.get(name) is None and getattr(raw, name, None) is not None:
+            values[name] = _jsonable(getattr(raw, name))
     algorithm = resolve_algorithm(values.get("speculative_algorithm"))
     values["speculative_algorithm"] = None if algorithm == "NONE" else algorithm
     return Parsed(version=version, argv=list(argv), values=values, algorithm=algorithm, args=raw)
