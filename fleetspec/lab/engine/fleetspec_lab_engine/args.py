@@ -119,16 +119,30 @@ def worker_class(parsed: Parsed):
 
 
 def dispatch_args(parsed: Parsed):
-    """What create_worker reads. 0.5.23 resolves a real ServerArgs on CPU; 0.5.13.post1's
-    resolution stops at a CUDA check before DFlash's handler sets disable_overlap_schedule, so the
-    parsed namespace gets what that handler sets (DFlash and DDTREE run without overlap)."""
+    """What create_worker reads. On CPU neither version runs the speculative handlers: 0.5.13.post1
+    stops at a CUDA check, 0.5.23's prepare_server_args leaves them to resolution on the device.
+    So what DFlash's handler (and DDTREE's, which mirrors it) settles is added here, and only
+    that: DFlash and DDTREE run without overlap scheduling (disable_overlap_schedule = True)."""
     args = parsed.args
+    family = parsed.algorithm in ("DFLASH", "DDTREE")
     if args is not None and hasattr(args, "resolved_dict"):
+        if not family:
+            return args
+        import copy
+
+        args = copy.copy(args)        # 0.5.23: a declaration, read through resolving_view
+        declared = list(getattr(args, "_resolved_overrides", None) or ())
+        declared.append(("fleetspec_lab_engine: the DFlash handler (runs on the device)",
+                         {"disable_overlap_schedule": True}))
+        try:
+            setattr(args, "_resolved_overrides", declared)
+        except (AttributeError, TypeError):
+            setattr(args, "disable_overlap_schedule", True)
         return args
     import types
 
     ns = types.SimpleNamespace(**{**vars(args or types.SimpleNamespace()), **parsed.values})
-    if parsed.algorithm in ("DFLASH", "DDTREE"):
+    if family:
         ns.disable_overlap_schedule = True
     return ns
 
