@@ -206,3 +206,24 @@ def test_every_mutation_anchor_is_in_the_payload():
     source = PAYLOAD.read_text()
     for name in MUTATIONS:
         assert mutate(source, name) != source
+
+
+def test_engine_paces_steps_by_the_cost_model_and_reports_what_it_decoded(du, plain, monkeypatch, tmp_path):
+    """The server's Engine: /generate's ids are the decode loop's, time follows the cost model."""
+    import time
+
+    from fleetspec.lab.engine.fleetspec_lab_engine import engine, settings
+
+    monkeypatch.setattr(settings, "ETC", tmp_path)          # no faults.json
+    parsed = types.SimpleNamespace(algorithm="DDTREE", values=dict(DDTREE_ARGS))
+    config = {**settings.ENGINE_DEFAULTS, "step_seconds": 0.01}
+    eng = engine.Engine(parsed, config, Worker0513, du)
+    started = time.monotonic()
+    result = eng.generate(model.tokenize(PROMPTS[0]), 32)
+    elapsed = time.monotonic() - started
+    assert result["ids"] == plain[0]
+    _, steps = run(decode.make_plan("DDTREE", DDTREE_ARGS, Worker0513), du, prompts=PROMPTS[:1])
+    modelled = sum(0.01 * decode.step_cost(s) for s in steps)
+    assert result["verify_ct"] == len(steps) and elapsed >= modelled * 0.95
+    assert eng.stats["trees_built"] == len(steps) and eng.stats["steps_by_mode"] == {"tree": len(steps)}
+    assert eng.accept_length() == pytest.approx(32 / len(steps))
