@@ -4,8 +4,8 @@ correct one passes and accepts more than the DFlash baseline it replaces.
 The tree host is `ct150`-shaped (sglang 0.5.13.post1, pure attention, TP=1, DFlash; see
 fleetspec/lab/profiles.py): the only shape where the real DDTree worker verifies a tree, so the
 only one where broken tree code can decide anything. Each case deploys from a copy of the fleet
-root whose ddtree playbook keeps only the acceptance and parity gates (throughput is proven
-elsewhere and costs ~20 s a measurement) and whose 0.5.13.post1 patch set carries one mutation of
+root whose ddtree playbook blocks only on the acceptance and parity gates (throughput is proven
+elsewhere and costs ~20 s a measurement; here it is a two-request dry run) and whose 0.5.13.post1 patch set carries one mutation of
 ddtree_utils.py (tests/ddtree_mutations.py). The greedy mutants deploy with the smoke tests cut
 to imports, so that what rejects them is the gates, not the offline ddtree_sample check; the
 biased sampling walk is never run by the worker (it verifies linearly for non-greedy requests) so
@@ -33,7 +33,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 TREE_HOST = os.environ.get("FLEETSPEC_LAB_TREE_HOST", "ct150")
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 PATCHSET = "playbooks/ddtree/patchsets/sglang-0.5.13.post1"
+# Throughput stays, as a small dry run: the lab inventory's per-host override names it.
 GATES = ("gates:\n  acceptance: {min: 2.0, vs_baseline_tolerance: 0.25, dry_run: false}\n"
+         "  throughput: {min_ratio: 0.5, concurrency: [1], requests: 2, dry_run: true}\n"
          "  parity: {max_new_tokens: 32, hybrid_tolerance_tokens: 0, dry_run: false}\n")
 FAST_SMOKE = "smoke: {imports: [sglang.srt.speculative.ddtree_utils]}\n"
 
@@ -43,7 +45,12 @@ def tree_host(lab_fleet):
     """The tree host, up beside the session's pair (lab.up keeps running hosts)."""
     from fleetspec.lab import lab
 
-    lab.up(lab_fleet.root, [TREE_HOST], log=lambda m: None)
+    result = lab.up(lab_fleet.root, [TREE_HOST], log=lambda m: None)
+    lab_fleet.addresses[TREE_HOST] = result.addresses[TREE_HOST]
+    deadline = time.monotonic() + 180        # a fresh host's stand-in takes ~15-30 s to be ready
+    while lab_fleet.run(TREE_HOST, "curl -sf -m 5 127.0.0.1:30000/ready").returncode != 0:
+        assert time.monotonic() < deadline, f"{TREE_HOST}'s service never became ready"
+        time.sleep(2)
     return TREE_HOST
 
 
