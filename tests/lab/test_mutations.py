@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import time
 
 import pytest
 
+from fleetspec.lab import profiles
 from tests.ddtree_mutations import mutate
 from tests.lab import labtools
 
@@ -130,3 +132,32 @@ def test_correct_patchset_verifies_a_tree_and_accepts_more_than_dflash(lab_fleet
     assert info["verify_mode"] == "tree" and info["worker"].endswith("ddtree_worker.DDTreeWorker"), info
     assert info["trees_built"] > 0 and info["steps_by_mode"].get("tree", 0) > 0, info
     labtools.fs(lab_fleet, "rollback", tree_host, check_rc=0)
+
+
+def golden_accepts(fleet, host) -> list:
+    from fleetspec.ops.gates import GOLDEN_PROMPTS
+
+    out = []
+    for prompt in GOLDEN_PROMPTS:
+        body = json.dumps({"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 32}})
+        data = json.loads(labtools.sh(fleet, host, f"curl -s -m 120 127.0.0.1:30000/generate -d {shlex.quote(body)}"))
+        out.append((data["output_ids"], data["meta_info"]["spec_accept_length"]))
+    return out
+
+
+def test_ddtree_on_ct129_verifies_linearly_and_accepts_exactly_what_dflash_does(lab_fleet):
+    """ct129's shape (hybrid, TP=2): the deploy asks for shadow-linear and the real worker builds no
+    tree at TP=2, so DDTREE is DFlash's linear chain: same output, same acceptance, per prompt."""
+    host = lab_fleet.hosts[0]
+    assert profiles.for_host(host).like == "ct129"
+    labtools.fs(lab_fleet, "deploy", host, "--algo", "dflash", "--yes", "--no-gates", check_rc=0)
+    dflash = golden_accepts(lab_fleet, host)
+    labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", check_rc=0)
+    ddtree = golden_accepts(lab_fleet, host)
+    info = server_info(lab_fleet, host)
+    labtools.fs(lab_fleet, "rollback", host, check_rc=0)
+    assert info["speculative_algorithm"] == "DDTREE" and "--speculative-ddtree-shadow-linear" in info["launch_command"]
+    engine = info["lab_engine"]
+    assert (engine["verify_mode"], engine["builds_trees"]) == ("linear", False) and "tp > 1" in engine["linear_reason"]
+    assert engine["worker"].endswith("ddtree_worker.DDTreeWorker")
+    assert ddtree == dflash
