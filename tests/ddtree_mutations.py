@@ -35,11 +35,15 @@ MUTATIONS = {
     return mask
 """,
     ),
-    # build_ddtree drops every node's highest-scoring child (the drafter's top-1 at each depth).
-    "drops_best_child": (
-        "    return values - log_z, ids\n",
-        "    return (values - log_z)[..., 1:], ids[..., 1:]\n",
-    ),
+    # build_ddtree drops every node's highest-scoring child (the drafter's top-1 at each depth):
+    # the heap starts each node's children at rank 1. Edited in _grow, which every candidate path
+    # (torch or a compiled top-k kernel) feeds.
+    "drops_best_child": [
+        ("    heap = [(-logp[0][0], 0, 0, 0, 0)] if logp[0][0] > -math.inf else []\n",
+         "    heap = [(-logp[0][1], 0, 0, 1, 0)] if logp[0][1] > -math.inf else []\n"),
+        ("            heapq.heappush(heap, (neg - logp[d + 1][0], order, d + 1, 0, node))\n",
+         "            heapq.heappush(heap, (neg - logp[d + 1][1], order, d + 1, 1, node))\n"),
+    ],
     # The sampling walk draws from a sharpened target (temperature halved): biased output.
     "sampling_biased": (
         "    probs = torch.softmax(target_logits.float() / temperature, dim=-1).view(-1, vocab)\n",
@@ -49,8 +53,10 @@ MUTATIONS = {
 
 
 def mutate(source: str, name: str) -> str:
-    old, new = MUTATIONS[name]
-    if source.count(old) != 1:
-        raise AssertionError(f"mutation {name}: its anchor is not in ddtree_utils.py exactly once; update "
-                             "tests/ddtree_mutations.py to the payload's new code")
-    return source.replace(old, new)
+    edits = MUTATIONS[name]
+    for old, new in edits if isinstance(edits, list) else [edits]:
+        if source.count(old) != 1:
+            raise AssertionError(f"mutation {name}: its anchor is not in ddtree_utils.py exactly once; update "
+                                 "tests/ddtree_mutations.py to the payload's new code")
+        source = source.replace(old, new)
+    return source
