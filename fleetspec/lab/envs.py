@@ -40,20 +40,33 @@ PARSER_DEPS = [
 ]
 # 0.5.13.post1 also imports transformers (with its own deps). Both get the real triton wheel:
 # 0.5.13.post1's `fla` code inspects triton.autotune's signature, so a stub would break it.
+TRANSFORMERS = ["transformers==5.8.1", "huggingface-hub==1.33.0", "tokenizers==0.22.2",
+                "safetensors==0.8.0", "regex==2026.11.19", "hf-xet==1.8.0", "typer==0.29.2",
+                "shellingham==1.5.4", "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2",
+                "click==8.5.1", "annotated-doc==0.0.7"]
 EXTRA = {
-    "0.5.13.post1": ["transformers==5.8.1", "huggingface-hub==1.33.0", "tokenizers==0.22.2",
-                     "safetensors==0.8.0", "regex==2026.11.19", "hf-xet==1.8.0", "typer==0.29.2",
-                     "shellingham==1.5.4", "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2",
-                     "click==8.5.1",
-                     "annotated-doc==0.0.7"],
+    "0.5.13.post1": TRANSFORMERS,
     "0.5.23": [],
+}
+
+
+# What the speculative workers import beyond the parser (pure Python): the lab's stand-in engine
+# imports the algorithm's real worker class at start and fails on anything missing that is not a
+# GPU-only extension (fleetspec_lab_engine.args.GPU_ONLY). Found by importing dflash_worker,
+# eagle_worker_v2 and the DDTree workers in each env until they imported.
+WORKER_DEPS = {
+    "0.5.13.post1": ["loguru==0.7.3", "uvicorn==0.54.0", "fastapi==0.165.0", "opentelemetry-api==1.45.2"],
+    # 0.5.23's DFlash worker imports transformers (the parser does not) and sglang.kernels, which
+    # imports tvm_ffi at module level (a CPU-installable wheel; sglang pins this version).
+    "0.5.23": ["loguru==0.7.3", "uvicorn==0.54.0", "fastapi==0.165.0", "opentelemetry-api==1.45.2",
+               *TRANSFORMERS, "apache-tvm-ffi==0.1.11"],
 }
 
 
 def requirements(version: str) -> list[str]:
     if version not in SGLANG_VERSIONS:
         raise ValueError(f"unknown sglang version {version!r}; known: {', '.join(SGLANG_VERSIONS)}")
-    return [f"sglang=={version}", TORCH, *PARSER_DEPS, *EXTRA[version]]
+    return [f"sglang=={version}", TORCH, *PARSER_DEPS, *EXTRA[version], *WORKER_DEPS[version]]
 
 
 def _normal(name: str) -> str:

@@ -56,7 +56,9 @@ def base_hash() -> str:
 
 
 def env_hash(version: str) -> str:
-    wheels = sorted(p.name for p in envs.WHEELS.glob("*.whl")) if envs.WHEELS.is_dir() else []
+    # The wheels this version installs, not the whole cache: downloading another version's (or
+    # another recipe's) wheels must not rebuild this layer.
+    wheels = sorted(w.name for w in map(envs.cached_wheel, envs.requirements(version)) if w is not None)
     return _digest({"base": base_hash(), "version": version, "venv": VENV[version],
                     "requirements": envs.requirements(version), "wheels": wheels, "v": 1})
 

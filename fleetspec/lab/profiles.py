@@ -2,8 +2,11 @@
 
 Two real shapes from the fleet: `ct129` (the operators' box: sglang 0.5.13.post1 in /root/ml-env,
 a hybrid Qwen3.6-27B with NEXTN) and `ct200` (sglang 0.5.23, pure-attention Qwen3-8B with its
-DFlash drafter). Any other host clones one of them by a simple rule: `ct<N>` with N < 200 clones
-ct129, everything else clones ct200 (so ct201..ct207 are 0.5.23 DFlash boxes).
+DFlash drafter). Any other host clones one of them by a simple rule: `ct<N>` with N < 150 clones
+ct129, everything else clones ct200 (so ct201..ct207 are 0.5.23 DFlash boxes) except N in
+150..199: those are `ct150`, the one shape where DDTree really verifies a tree (sglang 0.5.13.post1,
+pure-attention Qwen3-8B, TP=1, DFlash): ct129 is hybrid and TP=2 and 0.5.23's worker builds no
+trees, so on those DDTREE verifies linearly, as the real worker does.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ CT200_ARGV = (
     "--speculative-algorithm DFLASH --speculative-draft-model-path /root/models/Qwen3-8B-DFlash "
     "--speculative-num-draft-tokens 16"
 ).split()
+CT150_ARGV = (
+    "/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3-8B "
+    "--port 30000 --host 0.0.0.0 --tp-size 1 --mem-fraction-static 0.85 --context-length 32768 "
+    "--max-running-requests 32 --reasoning-parser qwen3 --tool-call-parser qwen25 "
+    "--speculative-algorithm DFLASH --speculative-draft-model-path /root/models/Qwen3-8B-DFlash "
+    "--speculative-num-draft-tokens 16"
+).split()
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ PROFILES = {
                      "/root/models/Qwen3.6-27B-DFlash", 2, ["hybrid"]),
     "ct200": Profile("ct200", "0.5.23", CT200_ARGV, "/root/models/Qwen3-8B",
                      "/root/models/Qwen3-8B-DFlash", 1, []),
+    "ct150": Profile("ct150", "0.5.13.post1", CT150_ARGV, "/root/models/Qwen3-8B",
+                     "/root/models/Qwen3-8B-DFlash", 1, []),
 }
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,10}$")
@@ -68,7 +80,9 @@ def for_host(name: str) -> Profile:
     if not NAME.match(name):
         raise UserError(f"lab host name {name!r}: use lowercase letters, digits and '-', at most 11 characters")
     m = re.fullmatch(r"ct(\d+)", name)
-    return PROFILES["ct129"] if m and int(m.group(1)) < 200 else PROFILES["ct200"]
+    if m and int(m.group(1)) < 150:
+        return PROFILES["ct129"]
+    return PROFILES["ct150"] if m and int(m.group(1)) < 200 else PROFILES["ct200"]
 
 
 def address(name: str, taken: set[str]) -> str:
@@ -85,9 +99,10 @@ def address(name: str, taken: set[str]) -> str:
 def unit_text(p: Profile) -> str:
     """The unit as each fleet writes it: ct129's by hand (0.5.13 era), ct200's for 0.5.23."""
     exec_start = shlex.join(p.argv)
-    if p.like == "ct129":
+    if p.like in ("ct129", "ct150"):
+        title = "Qwen3.6-27B (NEXTN)" if p.like == "ct129" else "Qwen3-8B (DFlash)"
         return f"""[Unit]
-Description=SGLang Qwen3.6-27B (NEXTN)
+Description=SGLang {title}
 After=network-online.target
 
 [Service]

@@ -140,14 +140,33 @@ for b in range(2):
         node, depth = kids[0], depth + 1
     chain.append(depth)
 walk = du.verify_greedy(tree, target)
+# Sampling must be lossless: over many draws, the first emitted token (the first accepted draft
+# token, or the bonus when none is) is distributed as the target's own softmax at the root. A
+# biased walk fails this chi-square (8 tokens, 7 degrees of freedom, 4000 draws, fixed seed; the
+# threshold 40 is far beyond the 1e-4 tail, ~29.9, so a correct walk never trips it).
+V, D, DRAWS = 8, 3, 4000
+small_draft = torch.randn(1, D, V, generator=g) * 2
+small = du.build_ddtree(small_draft, 12, 3)
+big = du.DDTree(*(x.repeat(DRAWS, 1) for x in (small.tokens, small.parents, small.depth, small.scores, small.valid)),
+                budget=small.budget)
+root_logits = torch.randn(V, generator=g)
+logits = torch.randn(1, small.num_nodes, V, generator=g)
+logits[0, 0] = root_logits
+sampled = du.verify_sampling(big, logits.repeat(DRAWS, 1, 1), small_draft.repeat(DRAWS, 1, 1),
+                             torch.Generator().manual_seed({int(seed)} + 1))
+first = torch.where(sampled.accept_length > 0, sampled.accepted_tokens[:, 0], sampled.bonus)
+counts = torch.bincount(first.clamp(0, V - 1), minlength=V).double()
+expected = torch.softmax(root_logits.double(), -1) * DRAWS
+chi2 = float(((counts - expected) ** 2 / expected).sum())
 checks = {{
     "sizes": tree.sizes.tolist() == [{int(budget) + 1}] * 2,
     "mask_diagonal": bool(mask.diagonal(dim1=1, dim2=2).all()),
     "greedy_chain": walk.accept_length.tolist() == chain and min(chain) >= 1,
     "layout": all(t.shape == tree.tokens.shape for t in du.to_sglang_layout(tree)),
+    "sampling_distribution": bool(chi2 < 40.0 and int(first.min()) >= 0),
 }}
 _emit(all(checks.values()), checks=checks, summary=du.tree_summary(tree), torch=torch.__version__,
-      error=", ".join(k for k, v in checks.items() if not v))
+      sampling_chi2=round(chi2, 2), error=", ".join(k for k, v in checks.items() if not v))
 '''
 
 

@@ -59,7 +59,11 @@ def test_whole_fleet_moves_to_ddtree_with_gate_figures(fleet_on_baseline):
         assert out[host]["status"] == "healthy"
         assert rows[host]["served_algo"] == "DDTREE" and rows[host]["release_status"] == "healthy"
         figures = out[host]["figures"]
-        assert figures["acceptance"]["accept_length"] > figures["acceptance"]["baseline_accept_length"]
+        accept, base = figures["acceptance"]["accept_length"], figures["acceptance"]["baseline_accept_length"]
+        if host == OTHER:   # 0.5.23: the real DDTree worker verifies DFlash's linear block (stand-in does too)
+            assert accept == base, figures
+        else:               # ct129: DFlash's 15-deep block verified linearly (TP=2) beats NEXTN's 3 steps
+            assert accept > base, figures
         assert figures["throughput"]["ratio_c1"] > 0 and figures["parity"]["prompts_compared"] == 8
         gates = [e for e in ledger(fleet, host) if e["release"] == out[host]["release"] and e["name"] == "gates"
                  and e["state"] == "ok"]

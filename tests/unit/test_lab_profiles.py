@@ -10,7 +10,7 @@ from fleetspec.errors import UserError
 from fleetspec.lab import inventory, profiles
 
 
-@pytest.mark.parametrize("name,like", [("ct129", "ct129"), ("ct150", "ct129"), ("ct200", "ct200"),
+@pytest.mark.parametrize("name,like", [("ct129", "ct129"), ("ct149", "ct129"), ("ct150", "ct150"), ("ct199", "ct150"), ("ct200", "ct200"),
                                        ("ct207", "ct200"), ("bench1", "ct200")])
 def test_clone_rule(name, like):
     assert profiles.for_host(name).like == like
@@ -54,3 +54,16 @@ def test_inventory_shape():
     assert h["vars"]["python"] == "/root/ml-env/bin/python3" and h["vars"]["tags"] == ["hybrid"]
     assert data["hosts"]["ct200"]["vars"]["python"] == "/opt/sglang/venv/bin/python3"
     assert data["groups"]["hybrid"] == ["ct129"] and data["groups"]["gpu"] == ["ct129", "ct200"]
+
+
+def test_ct150_is_the_tree_host_pure_attention_tp1_on_0513():
+    """The one shape where the 0.5.13.post1 DDTree worker verifies a tree: not hybrid, TP=1."""
+    from fleetspec.model.hybrid import hybrid_reason
+
+    p = profiles.PROFILES["ct150"]
+    assert p.version == "0.5.13.post1" and p.python == "/root/ml-env/bin/python3"
+    assert hybrid_reason(profiles.model_configs(p)[p.model_path]) is None
+    line = next(l for l in profiles.unit_text(p).splitlines() if l.startswith("ExecStart="))
+    argv = shlex.split(line[len("ExecStart="):])
+    assert argv == profiles.CT150_ARGV and argv[argv.index("--tp-size") + 1] == "1"
+    assert "--speculative-algorithm" in argv and "DFLASH" in argv

@@ -93,14 +93,14 @@ def test_payload_imports_cleanly_on_cpu(host):
     assert all(path.startswith(str(host.overlay)) for path in result.data["modules"].values())
 
 
-def test_gpu_worker_imports_wherever_its_dflash_base_does(host):
-    """The lab venv is parser-only, so DFlash's worker itself may lack packages here (loguru…):
-    the DDTree worker must then fail on exactly that, and import wherever DFlash's does."""
+def test_gpu_worker_and_its_dflash_base_import(host):
+    """The lab venvs carry what the speculative workers import (envs.WORKER_DEPS): DFlash's worker
+    and the DDTree worker both import on CPU, so the lab runs every line of their module level."""
     ours = host.run(smoke.imports_script([WORKER[host.version]]))
     base = host.run(smoke.imports_script([BASE_WORKER[host.version]]))
-    assert ours.ok == base.ok, (ours.data, base.data)
-    if not ours.ok:
-        assert ours.data["failed"][WORKER[host.version]] == base.data["failed"][BASE_WORKER[host.version]]
+    assert base.ok, base.data
+    assert ours.ok, ours.data
+    assert ours.data["modules"][WORKER[host.version]].startswith(str(host.overlay))
 
 
 def test_ddtree_sample_runs_with_the_hosts_torch(host):

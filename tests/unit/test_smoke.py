@@ -50,6 +50,21 @@ def test_ddtree_sample_passes_on_the_payload(tree):
     assert all(result.data["checks"].values()) and result.data["summary"]["sizes"] == [25, 25]
 
 
+def test_ddtree_sample_fails_a_biased_sampling_walk(tree, tmp_path):
+    """The real worker verifies linearly whenever sampling is not greedy, so no gate's generation
+    ever runs verify_sampling; this distribution check in the smoke test is what catches it."""
+    from tests.ddtree_mutations import mutate
+
+    bad = tmp_path / "site"
+    shutil.copytree(tree, bad)
+    target = bad / "sglang/srt/speculative/ddtree_utils.py"
+    target.write_text(mutate(target.read_text(), "sampling_biased"))
+    rc, result = _run(smoke.ddtree_sample_script(budget=24, topk_cap=4), bad)
+    assert rc == 1 and not result.ok and result.error == "sampling_distribution", result.data
+    rc, good = _run(smoke.ddtree_sample_script(budget=24, topk_cap=4), tree)
+    assert good.ok and good.data["sampling_chi2"] < 20 < result.data["sampling_chi2"], (good.data, result.data)
+
+
 def test_kernel_smoke_loads_the_build_and_compares(tree):
     from fleetspec.model.kernel import build_kernel
 

@@ -11,8 +11,10 @@ are the ones imported: a meta-path finder is asked before the path finders, whic
 
 What runs. `main.main()`: read faults, load sglang plugins where the version has them, parse argv
 with the host's real sglang parser (an unknown flag exits 2), resolve the algorithm with the real
-`SpeculativeAlgorithm`, import the modules the algorithm needs (a broken patch fails here, at start,
-as in production), wait the configured model-load time, then serve SGLang's HTTP API. Generation is
-a deterministic hash-driven "target model" over a small vocabulary; speculative acceptance depends on
-the algorithm, and for DDTREE it comes from the deployed `ddtree_utils` on the host.
+`SpeculativeAlgorithm`, ask the real (patched) dispatch `create_worker` for the worker class, which
+imports it (a broken patch or a missing non-GPU package fails here, at start, as in production),
+wait the configured model-load time, then serve SGLang's HTTP API. Generation is real speculative
+decoding over a deterministic target language model (`decode.py`, `model.py`): for DDTREE the tree
+is built, masked, positioned and walked by the host's deployed `ddtree_utils`, wherever the
+deployed worker would verify a tree.
 """

@@ -1,5 +1,5 @@
 """Parsing and resolution with the host's real sglang: its parser, its SpeculativeAlgorithm, its
-modules. Whatever the installed (or overlaid) sglang would refuse at start, this refuses too.
+worker dispatch. Whatever the installed (or overlaid) sglang would refuse at start, this refuses too.
 """
 
 from __future__ import annotations
@@ -13,17 +13,12 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("fleetspec_lab_engine")
 
-# Modules a real server imports for each algorithm (whichever of them this version has).
-ALGO_MODULES = {
-    "DFLASH": ["sglang.srt.speculative.dflash_info", "sglang.srt.speculative.dflash_utils",
-               "sglang.srt.speculative.dflash_worker", "sglang.srt.speculative.dflash_worker_v2"],
-    "EAGLE": ["sglang.srt.speculative.eagle_info", "sglang.srt.speculative.eagle_worker",
-              "sglang.srt.speculative.eagle_worker_v2"],
-    "EAGLE3": ["sglang.srt.speculative.eagle_info", "sglang.srt.speculative.eagle_worker"],
-    "STANDALONE": ["sglang.srt.speculative.standalone_worker"],
-    "NGRAM": ["sglang.srt.speculative.ngram_worker"],
-}
 DDTREE_REQUIRED = "sglang.srt.speculative.ddtree_utils"
+DDTREE_FLAGS = ("speculative_ddtree_budget", "speculative_ddtree_topk_cap", "speculative_ddtree_shadow_linear")
+# Top-level packages that exist only as CUDA builds (or need a GPU to import): a worker import that
+# fails for lack of one of these is logged and tolerated; any other import failure fails the start.
+GPU_ONLY = frozenset({"sgl_kernel", "flashinfer", "flash_attn", "deep_gemm", "cuda", "cutlass",
+                      "vllm", "xformers", "flash_mla", "triton_kernels"})
 
 
 @dataclass
@@ -33,6 +28,7 @@ class Parsed:
     values: dict                       # resolved server args (JSON-able)
     algorithm: str                     # resolved name, e.g. EAGLE for NEXTN
     imported: list[str] = field(default_factory=list)
+    args: object = None                # the ServerArgs (0.5.23) or argparse namespace (0.5.13.post1)
 
     def get(self, name, default=None):
         value = self.values.get(name)
@@ -64,6 +60,7 @@ def parse(argv: list[str]) -> Parsed:
         # 0.5.23: parses and resolves without a GPU.
         args = sa.prepare_server_args(argv)
         values = _as_dict(args)
+        raw = args
     except SystemExit:
         raise
     except Exception as err:  # 0.5.13.post1: __post_init__ runs CUDA-only checks on CPU
@@ -75,9 +72,12 @@ def parse(argv: list[str]) -> Parsed:
             values = _as_dict(sa.ServerArgs.from_cli_args(raw))
         except Exception:
             values = {k: _jsonable(v) for k, v in vars(raw).items()}
+    for name in DDTREE_FLAGS:   # 0.5.23's plugin keeps them as plain attributes, off resolved_dict
+        if values.get(name) is None and getattr(raw, name, None) is not None:
+            values[name] = _jsonable(getattr(raw, name))
     algorithm = resolve_algorithm(values.get("speculative_algorithm"))
     values["speculative_algorithm"] = None if algorithm == "NONE" else algorithm
-    return Parsed(version=version, argv=list(argv), values=values, algorithm=algorithm)
+    return Parsed(version=version, argv=list(argv), values=values, algorithm=algorithm, args=raw)
 
 
 def resolve_algorithm(name) -> str:
@@ -94,34 +94,57 @@ def resolve_algorithm(name) -> str:
     return str(getattr(algo, "name", algo)).upper()
 
 
-def import_algorithm_modules(algorithm: str) -> list[str]:
-    """Import what the algorithm needs. Modules missing from this version are skipped; a module
-    that exists but fails to import fails the start, unless all it lacks is a GPU-only package."""
-    names = list(ALGO_MODULES.get(algorithm, []))
-    if algorithm == "DDTREE":
-        if importlib.util.find_spec(DDTREE_REQUIRED) is None:
-            raise RuntimeError(f"DDTREE needs {DDTREE_REQUIRED}, which this sglang does not have")
-        spec_pkg = importlib.import_module("sglang.srt.speculative")
-        extra = set()
-        for folder in getattr(spec_pkg, "__path__", []):
-            from pathlib import Path
+def worker_class(parsed: Parsed):
+    """The worker class the real dispatch (`SpeculativeAlgorithm...create_worker`) picks.
 
-            extra.update(f"sglang.srt.speculative.{p.stem}" for p in Path(folder).glob("ddtree*.py"))
-        names = [DDTREE_REQUIRED, *sorted(extra - {DDTREE_REQUIRED}), *ALGO_MODULES["DFLASH"]]
-    done = []
-    for name in names:
-        if importlib.util.find_spec(name) is None:
-            continue
+    Importing it imports the worker's modules, as a real scheduler does at start. A module missing
+    from GPU_ONLY is tolerated (None, logged); any other failure (a missing pure-Python package, a
+    broken patch, the dispatch refusing the arguments) propagates and fails the start.
+    """
+    if parsed.algorithm == "NONE":
+        return None
+    if parsed.algorithm == "DDTREE":
+        importlib.import_module(DDTREE_REQUIRED)
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string(parsed.algorithm)
+    try:
+        return algo.create_worker(dispatch_args(parsed))
+    except ModuleNotFoundError as err:
+        top = (err.name or "").split(".")[0]
+        if top not in GPU_ONLY:
+            raise
+        log.info("worker for %s: not imported, needs %s (GPU-only, allow-listed)", parsed.algorithm, err.name)
+        return None
+
+
+def dispatch_args(parsed: Parsed):
+    """What create_worker reads. On CPU neither version runs the speculative handlers: 0.5.13.post1
+    stops at a CUDA check, 0.5.23's prepare_server_args leaves them to resolution on the device.
+    So what DFlash's handler (and DDTREE's, which mirrors it) settles is added here, and only
+    that: DFlash and DDTREE run without overlap scheduling (disable_overlap_schedule = True)."""
+    args = parsed.args
+    family = parsed.algorithm in ("DFLASH", "DDTREE")
+    if args is not None and hasattr(args, "resolved_dict"):
+        if not family:
+            return args
+        import copy
+
+        args = copy.copy(args)        # 0.5.23: a declaration, read through resolving_view
+        declared = list(getattr(args, "_resolved_overrides", None) or ())
+        declared.append(("fleetspec_lab_engine: the DFlash handler (runs on the device)",
+                         {"disable_overlap_schedule": True}))
         try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            top = (err.name or "").split(".")[0]
-            if name == DDTREE_REQUIRED or top in ("sglang", ""):
-                raise
-            log.info("import %s: skipped, needs %s (a GPU-only package the lab lacks)", name, err.name)
-            continue
-        done.append(name)
-    return done
+            setattr(args, "_resolved_overrides", declared)
+        except (AttributeError, TypeError):
+            setattr(args, "disable_overlap_schedule", True)
+        return args
+    import types
+
+    ns = types.SimpleNamespace(**{**vars(args or types.SimpleNamespace()), **parsed.values})
+    if family:
+        ns.disable_overlap_schedule = True
+    return ns
 
 
 def _as_dict(args) -> dict:

@@ -1,4 +1,4 @@
-"""Generation: verify steps paced by engine.json, acceptance per algorithm, faults per request."""
+"""Generation: the decode loop of `decode.py`, paced by its cost model, with faults per request."""
 
 from __future__ import annotations
 
@@ -7,43 +7,35 @@ import random
 import threading
 import time
 
-from fleetspec_lab_engine import model, settings
-
-CHAIN_DEPTH = {"EAGLE": 3, "EAGLE3": 3, "STANDALONE": 3, "NGRAM": 3, "DFLASH": 15, "DDTREE": 15}
+from . import decode, settings
 
 
 class Engine:
-    def __init__(self, parsed, config: dict):
+    def __init__(self, parsed, config: dict, worker_cls=None, ddtree=None):
         self.parsed, self.config = parsed, config
         self.algorithm = parsed.algorithm
         self.size = int(config.get("vocab", 64))
-        self.depth = self._depth()
-        self.tree = None
-        if self.algorithm == "DDTREE":
-            budget = int(parsed.get("speculative_ddtree_budget", 64))
-            cap = parsed.get("speculative_ddtree_topk_cap", 8)
-            self.tree = model.TreeVerifier(budget, int(cap) if cap else None, self.depth)
+        import torch
+
+        torch.set_num_threads(1)   # [65, 64] tensors: threads only add latency on shared cores
+        self.plan = decode.make_plan(self.algorithm, parsed.values, worker_cls)
+        if self.plan.build_tree and ddtree is None:
+            import importlib
+
+            ddtree = importlib.import_module("sglang.srt.speculative.ddtree_utils")
+        self.decoder = decode.Decoder(self.plan, self.size, ddtree, decode.tree_log_path())
+        self.depth = self.plan.depth
         self.lock = threading.Lock()
-        self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0,
-                      "verify_ct": 0, "running": 0, "last_throughput": 0.0}
+        self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "accepted_tokens": 0,
+                      "verify_ct": 0, "running": 0, "last_throughput": 0.0, "trees_built": 0,
+                      "steps_by_mode": {}}
 
-    def _depth(self) -> int:
-        if self.algorithm == "NONE":
-            return 0
-        steps = self.parsed.get("speculative_num_steps")
-        drafts = self.parsed.get("speculative_num_draft_tokens")
-        if self.algorithm in ("EAGLE", "EAGLE3", "STANDALONE") and steps:
-            return int(steps)
-        if drafts:
-            return max(1, int(drafts) - 1)
-        return CHAIN_DEPTH.get(self.algorithm, 3)
-
-    def step_seconds(self, faults: dict) -> float:
-        factor = self.config.get("step_factor", {}).get(self.algorithm, 1.0)
+    def step_seconds(self, step: decode.Step, faults: dict) -> float:
         slow = float(faults.get("slow_tokens", 1) or 1)
-        return float(self.config["step_seconds"]) * factor * slow
+        return float(self.config["step_seconds"]) * decode.step_cost(step, self.config) * slow
 
     def accept_length(self) -> float | None:
+        """Tokens per verify step, as sglang's avg_spec_accept_length (accepted + bonus)."""
         with self.lock:
             ct = self.stats["verify_ct"]
             return self.stats["generation_tokens"] / ct if ct and self.algorithm != "NONE" else None
@@ -53,26 +45,28 @@ class Engine:
         """Run to completion; on_step(ids_so_far, verify_ct) is called after every verify step."""
         faults = settings.faults()
         start = time.monotonic()
-        target = model.Target(prompt_ids, self.size)
-        sampler = random.Random(seed if seed is not None else os.urandom(8)) if temperature > 0 else None
-        out: list[int] = []
-        verify_ct = 0
+        generator = None
+        if temperature > 0:
+            import torch
+
+            generator = torch.Generator()
+            generator.manual_seed(int(seed) if seed is not None else int.from_bytes(os.urandom(7), "little"))
         with self.lock:
             self.stats["running"] += 1
+        state = {"last": time.monotonic()}
+
+        def paced(out, steps):
+            # Sleep what is left of the step's modelled time after the work it really took.
+            step = steps[-1]
+            left = self.step_seconds(step, faults) - (time.monotonic() - state["last"])
+            if left > 0:
+                time.sleep(left)
+            state["last"] = time.monotonic()
+            if on_step:
+                on_step(list(out), len(steps))
+
         try:
-            while len(out) < max_new_tokens:
-                step_start = time.monotonic()
-                accepted = self._draft_accepted(target, verify_ct)
-                n = min(accepted + 1, max_new_tokens - len(out))
-                tokens = target.continuation(target.state, n)
-                if sampler is not None:
-                    tokens = [t if sampler.random() < 0.7 else sampler.randrange(self.size) for t in tokens]
-                target.advance(tokens)
-                out.extend(tokens)
-                verify_ct += 1
-                time.sleep(max(0.0, self.step_seconds(faults) - (time.monotonic() - step_start)))
-                if on_step:
-                    on_step(out, verify_ct)
+            out, steps = decode.decode(self.decoder, prompt_ids, max_new_tokens, temperature, generator, paced)
         finally:
             with self.lock:
                 self.stats["running"] -= 1
@@ -83,15 +77,11 @@ class Engine:
             self.stats["requests"] += 1
             self.stats["prompt_tokens"] += len(prompt_ids)
             self.stats["generation_tokens"] += len(out)
-            self.stats["verify_ct"] += verify_ct
+            self.stats["accepted_tokens"] += sum(s.accepted for s in steps)
+            self.stats["verify_ct"] += len(steps)
+            self.stats["trees_built"] += sum(1 for s in steps if s.tree is not None)
+            for s in steps:
+                self.stats["steps_by_mode"][s.mode] = self.stats["steps_by_mode"].get(s.mode, 0) + 1
             self.stats["last_throughput"] = len(out) / elapsed if elapsed else 0.0
-        return {"ids": out, "verify_ct": verify_ct, "elapsed": elapsed}
-
-    def _draft_accepted(self, target: model.Target, step: int) -> int:
-        if self.algorithm == "NONE" or self.depth == 0:
-            return 0
-        ranks = model.draft_ranks(target.state, self.depth, self.algorithm, step)
-        if self.tree is not None:
-            truth = target.continuation(target.state, self.depth)
-            return self.tree.accept(truth, ranks, self.size, seed=target.state ^ step)
-        return model.chain_accept(ranks)
+        return {"ids": out, "verify_ct": len(steps), "elapsed": elapsed,
+                "accepted": sum(s.accepted for s in steps), "proposed": sum(s.drafted for s in steps)}

@@ -28,13 +28,15 @@ def main(argv: list[str] | None = None) -> None:
     faults = settings.faults()
     log.info("sglang %s; speculative algorithm resolved: %s; faults: %s", parsed.version, parsed.algorithm,
              sorted(faults) or "none")
-    parsed.imported = args.import_algorithm_modules(parsed.algorithm)
-    log.info("imported: %s", ", ".join(parsed.imported) or "(none)")
+    worker = args.worker_class(parsed)   # imports the worker's modules; a broken one fails here
+    parsed.imported = [worker.__module__] if worker is not None else []
+    log.info("speculative worker: %s", f"{worker.__module__}.{worker.__qualname__}" if worker else "(none)")
 
     from fleetspec_lab_engine.engine import Engine
     from fleetspec_lab_engine.server import State, serve
 
-    engine = Engine(parsed, config)
+    engine = Engine(parsed, config, worker)
+    log.info("decode plan: %s", engine.plan.as_dict())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

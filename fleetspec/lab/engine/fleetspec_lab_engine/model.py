@@ -1,18 +1,23 @@
-"""The stand-in's "models": a deterministic target and drafters whose acceptance is honest.
+"""The stand-in's models: a deterministic target language model and noisy drafters of it.
 
-The target is greedy over a 64-word vocabulary: the next token is a hash of everything so far, so
-the output of a prompt is the same for every algorithm (speculation must never change greedy
-output). The drafters see the true continuation through noise: at each depth the true token is the
-drafter's top-1 with a probability that decays with depth, else ranked 2nd–4th, else absent. A
-chain drafter (NEXTN, DFlash) accepts only leading top-1 hits; DDTree builds a real tree from the
-same DFlash logits with the deployed `ddtree_utils` and walks it with `verify_greedy`, so its extra
-acceptance is whatever the deployed tree code really finds.
+Target. A language model over a small vocabulary whose next-token logits are a pure function of
+the context it sees, given as (position, token) pairs: the pairs are folded into a 64-bit digest
+in (position, token) order and the digest seeds the logits. A plain sequence t_0..t_{L-1} is the
+pairs (i, t_i), so a tree node whose attention mask shows it exactly its ancestors at positions
+start + depth sees the same context as the sequence "prompt + path to the node" and predicts the
+same token; a node that also sees a sibling, misses an ancestor or gets a wrong position id sees a
+different context and predicts something else, as a real transformer would.
+
+Drafters. A drafter is the target seen through noise: at depth d of a block it takes the target's
+logits along the target's own greedy continuation and moves the target's top token to rank r
+(r = 0 with probability p0 * decay**d, else 1..3, else out of the top 8). The noise is seeded by
+the context and the drafter family only, so the same context always gets the same draft, whatever
+the step number or the algorithm that asked (DFLASH and DDTREE share the DFlash drafter).
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 import struct
 
 WORDS = (
@@ -21,6 +26,20 @@ WORDS = (
     "new some could these two may first then do any like my now over such our man me even most "
     "made after also did many"
 ).split()
+
+MASK = (1 << 64) - 1
+START = 0x5EED_F1EE_75BE_C000
+LOGIT_SCALE = 6.0          # logits = 6 * U[0, 1): a peaked but not one-hot distribution
+
+# Per drafter family: probability that the drafter's top-1 at depth 0 is the target's token, and
+# its decay by depth (figures chosen so DFlash's 15-deep block accepts ~3 and NEXTN's 3 ~2).
+DRAFTERS = {"EAGLE": (0.72, 0.80), "EAGLE3": (0.75, 0.82), "STANDALONE": (0.6, 0.8),
+            "NGRAM": (0.5, 0.7), "DFLASH": (0.86, 0.88)}
+
+
+def family(algorithm: str) -> str:
+    """DDTREE drafts with DFlash's block drafter (it is DFlash underneath)."""
+    return "DFLASH" if algorithm == "DDTREE" else algorithm
 
 
 def vocab(size: int = 64) -> list[str]:
@@ -41,98 +60,119 @@ def detokenize(ids: list[int], size: int = 64) -> str:
     return " ".join(words[i % len(words)] for i in ids)
 
 
-class Target:
-    """next(state) is the target's greedy token; the state is a running hash of the context."""
+def mix(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit hash."""
+    x &= MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
 
-    def __init__(self, prompt_ids: list[int], size: int = 64):
-        self.size = size
-        self.state = _h("ctx", *prompt_ids)
 
-    def continuation(self, state: int, n: int) -> list[int]:
-        out = []
-        for _ in range(n):
-            tok = _h("next", state) % self.size
-            out.append(tok)
-            state = _h("step", state, tok)
-        return out
+def fold(digest: int, position: int, token: int) -> int:
+    """The digest of a context extended by one (position, token) pair."""
+    return mix(digest ^ mix((position + 1) * 0x9E3779B97F4A7C15 + (token + 2) * 0xD6E8FEB86659FD93))
 
-    def advance(self, tokens: list[int]) -> None:
+
+def fold_pairs(digest: int, pairs) -> int:
+    """Fold (position, token) pairs in (position, token) order: what attention sees is a set."""
+    for pos, tok in sorted(pairs):
+        digest = fold(digest, int(pos), int(tok))
+    return digest
+
+
+class Sequence:
+    """Committed tokens and the digest of every prefix (digests[i] = context of the first i)."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens: list[int] = []
+        self.digests = [START]
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
         for tok in tokens:
-            self.state = _h("step", self.state, tok)
+            self.digests.append(fold(self.digests[-1], len(self.tokens), int(tok)))
+            self.tokens.append(int(tok))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
-# Per algorithm: probability that the drafter's top-1 at depth 0 is right, and its decay by depth.
-DRAFTERS = {"EAGLE": (0.72, 0.80), "EAGLE3": (0.75, 0.82), "STANDALONE": (0.6, 0.8),
-            "NGRAM": (0.5, 0.7), "DFLASH": (0.86, 0.88), "DDTREE": (0.86, 0.88)}
+class TargetLM:
+    """logits(digests) -> float[N, V]: the next-token logits for N contexts."""
 
-
-def draft_ranks(state: int, depth: int, algorithm: str, step: int) -> list[int]:
-    """Rank of the true token in the drafter's distribution at each depth (0 = top-1, -1 = absent)."""
-    p0, decay = DRAFTERS.get("DFLASH" if algorithm == "DDTREE" else algorithm, (0.0, 0.0))
-    rng = random.Random(_h("draft", state, step))
-    ranks = []
-    for d in range(depth):
-        r = rng.random()
-        p1 = p0 * decay ** d
-        if r < p1:
-            ranks.append(0)
-        elif r < p1 + (1 - p1) * 0.7:
-            ranks.append(rng.randint(1, 3))
-        else:
-            ranks.append(-1)
-    return ranks
-
-
-def chain_accept(ranks: list[int]) -> int:
-    """Draft tokens a chain drafter gets accepted: the leading top-1 hits."""
-    n = 0
-    for r in ranks:
-        if r != 0:
-            break
-        n += 1
-    return n
-
-
-def draft_logits(truth: list[int], ranks: list[int], size: int, seed: int):
-    """[1, D, V] logits with the true token at the given rank per depth (torch, built lazily)."""
-    import torch
-
-    rng = random.Random(seed)
-    logits = torch.full((1, len(truth), size), -8.0)
-    for d, (tok, rank) in enumerate(zip(truth, ranks)):
-        others = [t for t in range(size) if t != tok]
-        rng.shuffle(others)
-        order = others[:rank] + [tok] + others[rank:] if rank >= 0 else others[:8]
-        for i, t in enumerate(order[:8]):
-            logits[0, d, t] = 4.0 - 1.2 * i
-    return logits
-
-
-class TreeVerifier:
-    """Acceptance for DDTREE from the host's deployed `sglang.srt.speculative.ddtree_utils`."""
-
-    def __init__(self, budget: int, topk_cap: int | None, depth: int):
-        from sglang.srt.speculative.ddtree_utils import build_ddtree, position_ids, verify_greedy
-
-        self.build, self.positions, self.verify = build_ddtree, position_ids, verify_greedy
-        self.budget, self.topk_cap, self.depth = budget, topk_cap, depth
-
-    def accept(self, truth: list[int], ranks: list[int], size: int, seed: int) -> int:
-        """Draft tokens accepted (excluding the bonus token)."""
+    def __init__(self, size: int = 64):
         import torch
 
-        tree = self.build(draft_logits(truth, ranks, size, seed), self.budget, self.topk_cap)
-        depth = self.positions(tree, torch.zeros(1, dtype=torch.long))[0]
-        depth = depth - depth.min()
-        # The target at a node of depth d predicts the true token d+1 along the path. Only nodes on
-        # the true path are ever reached by the walk, so this is the target's real answer there.
-        n_nodes = depth.shape[0]
-        target = torch.full((1, n_nodes, size), -8.0)
-        for n in range(n_nodes):
-            d = int(depth[n])
-            if d < len(truth):
-                target[0, n, truth[d]] = 8.0
-        walk = self.verify(tree, target)
-        length = walk.accept_length
-        length = int(length[0] if hasattr(length, "__getitem__") else length)
-        return min(length, len(truth))
+        self.size = size
+        self._torch = torch
+        self._gen = torch.Generator()
+
+    def logits(self, digests: list[int]):
+        torch = self._torch
+        rows = []
+        for d in digests:
+            self._gen.manual_seed(int(d) & 0x7FFF_FFFF_FFFF_FFFF)
+            rows.append(torch.rand(self.size, generator=self._gen))
+        if not rows:
+            return torch.empty(0, self.size)
+        return torch.stack(rows) * LOGIT_SCALE
+
+    def greedy(self, digest: int) -> int:
+        return int(self.logits([digest])[0].argmax())
+
+    def greedy_chain(self, seq: Sequence, n: int) -> tuple[list[int], list[int]]:
+        """The target's own next n tokens after seq, and the digest before each of them."""
+        digest, pos, tokens, digests = seq.digests[-1], len(seq), [], []
+        for _ in range(n):
+            digests.append(digest)
+            tok = self.greedy(digest)
+            tokens.append(tok)
+            digest = fold(digest, pos, tok)
+            pos += 1
+        return tokens, digests
+
+
+class Drafter:
+    """draft_logits(seq, depth) -> float[depth, V]: row d drafts the token at depth d + 1."""
+
+    def __init__(self, algorithm: str, target: TargetLM):
+        self.family = family(algorithm)
+        self.p0, self.decay = DRAFTERS.get(self.family, (0.5, 0.7))
+        self.target = target
+
+    def rank(self, digest: int, depth: int) -> int:
+        """Where this drafter puts the target's token at this context: 0 top-1, -1 outside top 8."""
+        u = mix(digest ^ _h("drafter", self.family)) / float(MASK + 1)
+        v = mix(digest ^ _h("drafter-rank", self.family)) / float(MASK + 1)
+        p1 = self.p0 * self.decay ** depth
+        if u < p1:
+            return 0
+        if u < p1 + (1 - p1) * 0.7:
+            return 1 + int(v * 3)
+        return -1
+
+    def draft_logits(self, seq: Sequence, depth: int):
+        """Calibrated: the top-1 gets log p(depth), ranks 1-3 share 70% of the rest, the others 30%;
+        the ranking is the target's own at that context with its top token moved to rank r."""
+        import math
+
+        torch = self.target._torch
+        size = self.target.size
+        if depth <= 0:
+            return torch.empty(0, size)
+        _, digests = self.target.greedy_chain(seq, depth)
+        target_rows = self.target.logits(digests)
+        rows = torch.empty(depth, size)
+        for d in range(depth):
+            order = torch.argsort(target_rows[d], descending=True).tolist()
+            top = order.pop(0)
+            r = self.rank(digests[d], d)
+            order.insert(r if r >= 0 else len(order), top)
+            p1 = self.p0 * self.decay ** d
+            by_rank = [math.log(p1)] + [math.log(0.7 * (1 - p1) / 3)] * 3
+            by_rank += [math.log(0.3 * (1 - p1) / max(1, size - 4))] * (size - 4)
+            for i in range(1, len(by_rank)):                   # deep rows: keep rank order
+                by_rank[i] = min(by_rank[i], by_rank[i - 1])
+            for rank, tok in enumerate(order):
+                rows[d, tok] = by_rank[rank] - 1e-4 * rank      # strictly decreasing by rank
+        return rows

@@ -105,6 +105,13 @@ class Handler(BaseHTTPRequestHandler):
             internal["avg_spec_accept_length"] = accept if accept is not None else 0.0
         info.update({"startup_time": s.startup_time, "internal_states": [internal],
                      "version": s.parsed.version, "frontend": "python"})
+        # Not in a real server's answer: what the stand-in decoded with (fleetspec reads nothing
+        # from it; lab tests and operators of the lab do).
+        with s.engine.lock:
+            counts = {k: s.engine.stats[k] for k in ("verify_ct", "trees_built", "accepted_tokens",
+                                                     "generation_tokens")}
+            counts["steps_by_mode"] = dict(s.engine.stats["steps_by_mode"])
+        info["lab_engine"] = {**s.engine.plan.as_dict(), **counts, "imported": list(s.parsed.imported)}
         self._send(200, info)
 
     def model_info(self):
@@ -170,17 +177,19 @@ class Handler(BaseHTTPRequestHandler):
         temperature = float(params.get("temperature", 1.0))
         return self.state.engine.generate(prompt_ids, max_new, temperature, on_step, params.get("sampling_seed"))
 
-    def _meta(self, rid, prompt_ids, ids, verify_ct, elapsed, finished: bool, max_new: int):
+    def _meta(self, rid, prompt_ids, ids, result, elapsed, finished: bool, max_new: int):
         meta = {"id": rid, "finish_reason": {"type": "length", "length": max_new} if finished else None,
                 "prompt_tokens": len(prompt_ids), "weight_version": "default", "num_retractions": 0,
                 "reasoning_tokens": 0, "completion_tokens": len(ids), "cached_tokens": 0,
                 "e2e_latency": elapsed}
+        verify_ct = result.get("verify_ct", 0)
         if self.state.engine.algorithm != "NONE" and verify_ct:
-            depth = max(1, self.state.engine.depth)
-            meta.update({"spec_accept_rate": (len(ids) - verify_ct) / (verify_ct * depth),
+            proposed = max(1, result.get("proposed", 0))
+            accepted = result.get("accepted", 0)
+            meta.update({"spec_accept_rate": accepted / proposed,
                          "spec_accept_length": len(ids) / verify_ct,
-                         "spec_num_correct_drafts": len(ids) - verify_ct,
-                         "spec_num_proposed_drafts": verify_ct * depth, "spec_verify_ct": verify_ct})
+                         "spec_num_correct_drafts": accepted,
+                         "spec_num_proposed_drafts": proposed, "spec_verify_ct": verify_ct})
         return meta
 
     def generate(self):
@@ -207,8 +216,8 @@ class Handler(BaseHTTPRequestHandler):
 
                 def chunk(ids, ct):
                     out = {"text": model.detokenize(ids, self.state.engine.size), "output_ids": list(ids),
-                           "meta_info": self._meta(rid, prompt_ids, ids, ct, time.monotonic() - started,
-                                                   len(ids) >= max_new, max_new)}
+                           "meta_info": self._meta(rid, prompt_ids, ids, {"verify_ct": ct},
+                                                   time.monotonic() - started, len(ids) >= max_new, max_new)}
                     self.wfile.write(b"data: " + json.dumps(out).encode() + b"\n\n")
                     self.wfile.flush()
 
@@ -219,8 +228,8 @@ class Handler(BaseHTTPRequestHandler):
             result = self._run(prompt_ids, params)
             ids = result["ids"]
             self._send(200, {"text": model.detokenize(ids, self.state.engine.size), "output_ids": ids,
-                             "meta_info": self._meta(rid, prompt_ids, ids, result["verify_ct"],
-                                                     result["elapsed"], True, max_new)})
+                             "meta_info": self._meta(rid, prompt_ids, ids, result, result["elapsed"],
+                                                     True, max_new)})
         finally:
             self._release()
 

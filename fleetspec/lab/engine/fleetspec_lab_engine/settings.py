@@ -13,8 +13,9 @@ ETC = Path(os.environ.get("FLEETSPEC_LAB_ETC", "/etc/fleetspec-lab"))
 ENGINE_DEFAULTS = {
     "load_seconds": 1.0,      # model load after parsing (slow_load overrides)
     "warmup_seconds": 0.5,    # between the HTTP server coming up and /ready = 200
-    "step_seconds": 0.02,     # one verify step (tokens/s = accepted tokens per step / this)
-    "step_factor": {"NONE": 0.8, "EAGLE": 1.0, "EAGLE3": 1.0, "DFLASH": 1.05, "DDTREE": 1.15},
+    "step_seconds": 0.02,     # one target forward over one token (decode.py's cost model)
+    "verify_node_cost": 0.01,  # each verified node beyond the first, in step_seconds
+    "draft_token_cost": 0.01,  # each drafted position, in step_seconds (same for every algorithm)
     "drain_seconds": 30.0,    # SIGTERM waits at most this long for in-flight requests
     "vocab": 64,
 }
