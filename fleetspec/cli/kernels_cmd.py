@@ -34,18 +34,25 @@ def kernels_group():
 @click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=K.KERNEL_CACHE,
               show_default=True, help="Build cache, keyed by source hash and torch version.")
 @click.option("--verbose", is_flag=True, help="Show the compiler's output.")
+@click.option("--cuda/--cpu", "cuda", default=None,
+              help="CUDA build (refused when this python's torch or nvcc cannot) or CPU only; "
+                   "default: CUDA where a GPU is visible.")
+@click.option("--arch", default=None, metavar="LIST",
+              help="GPU compute capabilities to build for, e.g. '9.0;10.0' (the hosts' nvidia-smi "
+                   "compute_cap); needed for --cuda without a GPU here.")
 @click.pass_context
-def build(ctx, sources, out, cache, verbose):
+def build(ctx, sources, out, cache, verbose, cuda, arch):
     """Build each kernel folder (default: every one in the playbooks) with this machine's torch."""
     folders = _sources(ctx, sources)
     if out is not None and len(folders) > 1:
         raise UserError("--out takes one kernel folder at a time")
     for folder in folders:
-        kernel, built = K.build_kernel(folder, cache, out, verbose)
+        kernel, built = K.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
         abi = kernel.abi
         click.echo(f"{kernel.name}: {'built' if built else 'cached'} {kernel.path} "
                    f"(torch {abi.torch}, {abi.python_tag}, cuda {abi.cuda}, cxx11_abi {abi.cxx11_abi}, "
-                   f"{abi.platform}, sha256 {kernel.sha256[:12]})")
+                   f"{abi.platform}{', arch ' + ';'.join(abi.arch_list) if abi.arch_list else ''}, "
+                   f"sha256 {kernel.sha256[:12]})")
 
 
 @kernels_group.command("list")

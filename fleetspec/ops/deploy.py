@@ -184,7 +184,12 @@ class Deploy:
                 "sent_bytes": switching.LAST_SENT.get(self.host.name, 0)}
 
     def _smoke(self) -> dict:
-        return switching.smoke(self.t, self.pf, self.state, self.release)
+        detail = switching.smoke(self.t, self.pf, self.state, self.release)
+        if detail.get("candidates"):
+            self.echo(f"[{self.host.name}] DDTree candidates: {detail['candidates']}")
+        if detail.get("kernel_note"):
+            self.echo(f"[{self.host.name}] note: {detail['kernel_note']}")
+        return detail
 
     def _render(self) -> dict:
         return switching.render_release(self.t, self.pf, self.state, self.release)
