@@ -1,5 +1,8 @@
 // DDTree's hot path: per row of draft logits, the top-k log-probabilities and their token ids in
-// one pass over the row (online max and sum of exp, candidates kept per row).
+// one pass over the row: per block of 512 values one loop takes the chunk maxima and the sum of
+// exp(x - ref) against a running reference (moved, and the sum rescaled, only when the max jumps
+// by more than 60, so exp never overflows), and the top-k scan visits only chunks whose max beats
+// the current k-th value.
 //
 // Registers the CPU kernel of fleetspec_ddtree::topk_logprobs(Tensor logits, int k) -> (Tensor, Tensor)
 // (declared in tree_mask.cpp). Result: logp float32[..., k] sorted descending, ties by the lower
@@ -7,10 +10,9 @@
 // rounded to float32 once, so it is the same formula as the torch fallback in ddtree_utils
 // (topk, then values - logsumexp); the two log_z differ at most in float32 rounding.
 //
-// The loops over a block are written so the compiler vectorises them (independent lane
-// accumulators, no branches, a polynomial exp); the hot function is compiled for AVX-512, AVX2
-// and baseline x86-64 and picked at load time (GCC target_clones). Rows run in parallel with
-// at::parallel_for.
+// The block loop is written so the compiler vectorises it (independent lane accumulators, no
+// branches, a polynomial exp); it is compiled for AVX-512, AVX2 and baseline x86-64 and picked at
+// load time (GCC target_clones). Rows run in parallel with at::parallel_for.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -25,7 +27,7 @@
 
 namespace {
 
-constexpr int64_t kBlock = 512;   // elements per block: stays in L1 between the max and exp loops
+constexpr int64_t kBlock = 512;   // elements per block: stays in L1 for the top-k scan after the pass
 constexpr int kLanes = 16;         // independent accumulators (one AVX-512 vector of floats)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -34,23 +36,10 @@ constexpr int kLanes = 16;         // independent accumulators (one AVX-512 vect
 #define FLEETSPEC_CLONES
 #endif
 
-// The largest of x[0..n) (-inf for an empty or all -inf block).
-FLEETSPEC_CLONES
-static float block_max(const float* __restrict x, int64_t n) {
-  float lane[kLanes];
-  for (int l = 0; l < kLanes; ++l) lane[l] = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
-  float m = -std::numeric_limits<float>::infinity();
-  for (int l = 0; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-static inline float exp_nonpos(float t) {
-  // exp(t) for t <= 0: t = n ln2 + r, |r| <= ln2/2; 2^n from the exponent bits.
-  const float tc = t < -87.0f ? -87.0f : t;
+// exp(t) for t in [-87, 88] by range reduction (t = n ln2 + r, |r| <= ln2/2) and a degree-6
+// polynomial (a few ulp); 0 below -87 (and for -inf). Branch-free, so loops over it vectorise.
+static inline float exp_clamped(float t) {
+  const float tc = t < -87.0f ? -87.0f : (t > 88.0f ? 88.0f : t);
   const float n = (tc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   // round to nearest
   const float r = (tc - n * 0.693359375f) + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -66,47 +55,93 @@ static inline float exp_nonpos(float t) {
   return t < -87.0f ? 0.0f : p * scale;
 }
 
-// Sum over a block of exp(x - m), m >= every x; exp by range reduction and a degree-6
-// polynomial (a few ulp), 0 below -87 (and for -inf).
+constexpr int64_t kChunk = 32;     // the top-k scan skips whole chunks below the k-th value
+
+// One pass over a block: the largest value of each kChunk chunk into cm (the last may be short)
+// and the sum of exp(x - ref) into *sum. Returns the block's largest value. The caller keeps
+// ref within 60 of every value it has seen, so exp never overflows; a block that raises the max
+// further is summed again against the new reference (rare: only a jump of more than 60).
 FLEETSPEC_CLONES
-static float block_sum_exp(const float* __restrict x, int64_t n, float m) {
-  float lane[kLanes] = {0};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] += exp_nonpos(x[i + l] - m);
+static float block_pass(const float* __restrict x, int64_t n, float ref, float* __restrict cm,
+                        float* __restrict sum) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float all = ninf;
+  float acc[kLanes] = {0};
+  int64_t c = 0;
+  for (; (c + 1) * kChunk <= n; ++c) {
+    const float* xc = x + c * kChunk;
+    float lane[kLanes];
+    for (int l = 0; l < kLanes; ++l) lane[l] = ninf;
+    for (int64_t j = 0; j < kChunk; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float v = xc[j + l];
+        lane[l] = v > lane[l] ? v : lane[l];
+        acc[l] += exp_clamped(v - ref);
+      }
+    float m = ninf;
+    for (int l = 0; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
+    cm[c] = m;
+    all = m > all ? m : all;
+  }
   float s = 0.0f;
-  for (; i < n; ++i) s += exp_nonpos(x[i] - m);
-  for (int l = 0; l < kLanes; ++l) s += lane[l];
-  return s;
+  if (c * kChunk < n) {
+    float m = ninf;
+    for (int64_t i = c * kChunk; i < n; ++i) {
+      m = x[i] > m ? x[i] : m;
+      s += exp_clamped(x[i] - ref);
+    }
+    cm[c] = m;
+    all = m > all ? m : all;
+  }
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  *sum = s;
+  return all;
 }
 
-// The k best (value, index) pairs seen so far, sorted descending; an equal value keeps the lower
-// index ahead (rows are scanned in index order, so a later equal value never displaces one).
+// The best k (value, index) pairs of a row, ties to the lower index. Offers go into a buffer of
+// 2k; a full buffer is cut back to its best k (nth_element), which also raises the threshold a
+// later value must beat. Rows are scanned in index order, so a later value equal to the k-th
+// never displaces it: strictly greater is the rule.
 struct TopK {
-  int64_t k, size = 0;
-  float* v;
-  int64_t* id;
-  float threshold() const { return size < k ? -std::numeric_limits<float>::infinity() : v[k - 1]; }
-  bool full() const { return size == k; }
-  void offer(float x, int64_t index) {
-    if (size == k && !(x > v[k - 1])) return;
-    int64_t pos = size < k ? size++ : k - 1;
-    while (pos > 0 && x > v[pos - 1]) {   // stop behind equal values: they have lower indices
-      v[pos] = v[pos - 1];
-      id[pos] = id[pos - 1];
-      --pos;
+  int64_t k;
+  std::vector<std::pair<float, int64_t>> buf;
+  float thr = -std::numeric_limits<float>::infinity();
+  bool have_k = false;   // thr is the k-th best so far (else: fewer than k seen, take anything)
+
+  explicit TopK(int64_t k_) : k(k_) { buf.reserve(2 * k_); }
+  struct Better {   // a function object, so sort and nth_element inline the comparison
+    bool operator()(const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) const {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
     }
-    v[pos] = x;
-    id[pos] = index;
+  };
+  bool wants(float x) const { return !have_k || x > thr; }
+  void offer(float x, int64_t index) {
+    buf.emplace_back(x, index);
+    if (static_cast<int64_t>(buf.size()) == 2 * k) cut();
+  }
+  void cut() {
+    if (static_cast<int64_t>(buf.size()) < k) return;
+    std::nth_element(buf.begin(), buf.begin() + (k - 1), buf.end(), Better());
+    buf.resize(k);
+    thr = buf[k - 1].first;   // the k-th best: every kept value is >= it
+    have_k = true;
+  }
+  void finish(float* v, int64_t* id) {
+    cut();
+    std::sort(buf.begin(), buf.end(), Better());
+    for (int64_t j = 0; j < k; ++j) { v[j] = buf[j].first; id[j] = buf[j].second; }
   }
 };
 
 template <typename scalar_t>
 void row_topk(const scalar_t* row, int64_t vocab, int64_t k, float* out_v, int64_t* out_id,
               float* buf) {
-  TopK top{k, 0, out_v, out_id};
-  float m = -std::numeric_limits<float>::infinity();
-  double s = 0.0;   // sum of exp(x - m) over the row so far
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  TopK top(k);
+  float cmax[kBlock / kChunk];
+  float m = ninf;      // the row's max so far
+  float ref = ninf;    // exp reference: the max when it was last moved (within 60 below m)
+  double s = 0.0;      // sum of exp(x - ref) over the row so far
   for (int64_t start = 0; start < vocab; start += kBlock) {
     const int64_t n = std::min(kBlock, vocab - start);
     const float* x;
@@ -116,21 +151,30 @@ void row_topk(const scalar_t* row, int64_t vocab, int64_t k, float* out_v, int64
       for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(row[start + i]);
       x = buf;
     }
-    const float bmax = block_max(x, n);
-    if (bmax > m) {                       // raise the running max; rescale what was summed
-      if (s != 0.0) s *= std::exp(static_cast<double>(m) - static_cast<double>(bmax));
-      m = bmax;
+    float bsum;
+    float bmax = block_pass(x, n, ref == ninf ? 0.0f : ref, cmax, &bsum);
+    if (bmax > ninf && (ref == ninf || bmax - ref > 60.0f)) {
+      // first finite values, or a jump that exp(x - ref) might overflow: move the reference
+      const float next = bmax;
+      if (ref != ninf) s *= std::exp(static_cast<double>(ref) - static_cast<double>(next));
+      else s = 0.0;
+      ref = next;
+      bmax = block_pass(x, n, ref, cmax, &bsum);
     }
-    if (m > -std::numeric_limits<float>::infinity()) s += block_sum_exp(x, n, m);
-    if (!top.full() || bmax > top.threshold()) {
-      for (int64_t i = 0; i < n; ++i)
-        if (!top.full() || x[i] > top.threshold()) top.offer(x[i], start + i);
+    if (ref != ninf) s += bsum;
+    m = bmax > m ? bmax : m;
+    if (!top.have_k || bmax > top.thr) {
+      for (int64_t c = 0; c * kChunk < n; ++c) {
+        if (top.have_k && !(cmax[c] > top.thr)) continue;
+        const int64_t end = std::min(n, (c + 1) * kChunk);
+        for (int64_t i = c * kChunk; i < end; ++i)
+          if (top.wants(x[i])) top.offer(x[i], start + i);
+      }
     }
   }
+  top.finish(out_v, out_id);
   // The fallback's formula: values - logsumexp, both float32. All -inf: log_z = -inf, logp = nan.
-  const float log_z = m == -std::numeric_limits<float>::infinity()
-                          ? m
-                          : static_cast<float>(static_cast<double>(m) + std::log(s));
+  const float log_z = m == ninf ? m : static_cast<float>(static_cast<double>(ref) + std::log(s));
   for (int64_t j = 0; j < k; ++j) out_v[j] = out_v[j] - log_z;
 }
 
