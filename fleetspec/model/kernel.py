@@ -368,3 +368,102 @@ def build_kernel(source: Path | str, cache: Path = KERNEL_CACHE, out: Path | Non
             shutil.copyfile(folder / name, Path(out) / name)
         kernel = load_kernel(out)
     return kernel, built_now
+
+
+# --- building for CUDA hosts on a machine without CUDA ---------------------------------------
+
+
+def _wheel_torch(torch_root: Path) -> tuple[str, str, str]:
+    """(torch version, CUDA version, python tag) of an unpacked torch wheel, read without importing it."""
+    import re
+
+    text = (torch_root / "torch/version.py").read_text()
+    version = re.search(r"__version__\s*=\s*'([^']+)'", text)
+    cuda = re.search(r"cuda(?::\s*Optional\[str\])?\s*=\s*'([^']+)'", text)
+    if not version or not cuda:
+        raise UserError(f"{torch_root}: torch/version.py names no version or no CUDA (not a CUDA build of torch)")
+    tags = [line.split(":", 1)[1].strip() for p in torch_root.glob("torch-*.dist-info/WHEEL")
+            for line in p.read_text().splitlines() if line.startswith("Tag:")]
+    return version.group(1), cuda.group(1), (tags[0].split("-")[0] if tags else "")
+
+
+def _uses_cxx11_abi(torch_root: Path) -> bool:
+    """libc10.so exports std::__cxx11 symbols only when built with the C++11 ABI."""
+    return b"__cxx11" in (torch_root / "torch/lib/libc10.so").read_bytes()
+
+
+def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: Path | str, arch: str,
+                         cache: Path = KERNEL_CACHE, verbose: bool = False) -> tuple[Kernel, bool]:
+    """Compile `source` for CUDA hosts with nvcc from `cuda_home` against an unpacked CUDA build of
+    torch (`torch_root`, never imported: no GPU, no CUDA runtime needed here), the flags
+    torch.utils.cpp_extension uses, and record the ABI tags the hosts must match."""
+    import subprocess
+    import sysconfig
+
+    spec = load_spec(source)
+    torch_root, cuda_home = Path(torch_root), Path(cuda_home)
+    nvcc = cuda_home / "bin/nvcc"
+    if not nvcc.is_file():
+        raise UserError(f"--cuda-home {cuda_home}: no bin/nvcc (scripts/cuda-toolchain.sh fetches one)")
+    if not (torch_root / "torch/include").is_dir():
+        raise UserError(f"--torch-root {torch_root}: no torch/include (an unpacked CUDA build of torch)")
+    version, cuda, python_tag = _wheel_torch(torch_root)
+    arch_list = tuple(a for a in arch.replace(";", " ").replace(",", " ").split() if a)
+    if not arch_list or not all(a.removesuffix("+PTX").replace(".", "").isdigit() for a in arch_list):
+        raise UserError(f"--arch {arch!r}: expected compute capabilities such as '9.0' or '8.0;9.0'")
+    abi = Abi(python_tag=python_tag or "cp%d%d" % __import__("sys").version_info[:2], torch=version, cuda=cuda,
+              cxx11_abi=_uses_cxx11_abi(torch_root),
+              platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch_list)
+    folder = Path(cache) / cache_key(spec, abi)
+    try:
+        kernel = load_kernel(folder)
+        kernel.file_bytes()
+        return kernel, False
+    except (ConfigError, OSError):
+        pass
+    ext = torch_root / "torch/utils/cpp_extension.py"
+    std = "-std=c++20" if ext.is_file() and "-std=c++20" in ext.read_text() else "-std=c++17"
+    inc = torch_root / "torch/include"
+    includes = [f"-I{inc}", f"-I{inc}/torch/csrc/api/include", f"-I{cuda_home}/include"]
+    abi_flag = f"-D_GLIBCXX_USE_CXX11_ABI={int(abi.cxx11_abi)}"
+    gencode = []
+    for a in arch_list:
+        cc = a.removesuffix("+PTX").replace(".", "")
+        gencode.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
+        if a.endswith("+PTX"):
+            gencode.append(f"-gencode=arch=compute_{cc},code=compute_{cc}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as work:
+        w = Path(work)
+        jobs = [[str(nvcc), "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", std, abi_flag, *gencode,
+                 "-Xcompiler", "-fPIC", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                 "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr",
+                 *includes] for s in spec.cuda_sources]
+        jobs += [["c++", "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", "-fPIC", std, abi_flag,
+                  *includes] for s in spec.sources]
+        for job in jobs:
+            done = subprocess.run(job, capture_output=not verbose, text=True)
+            if done.returncode != 0:
+                tail = (done.stderr or "").strip().splitlines()[-5:] if not verbose else []
+                raise UserError(f"compiling {Path(job[2]).name} for CUDA {cuda} failed (exit {done.returncode})"
+                                + (": " + " | ".join(tail) if tail else ""))
+        lib = w / "out" / f"{spec.name}.so"
+        lib.parent.mkdir()
+        cudart = sorted((cuda_home / "lib").glob("libcudart.so*"))
+        if not cudart:
+            raise UserError(f"--cuda-home {cuda_home}: no lib/libcudart.so*")
+        link = ["c++", "-shared", "-o", str(lib), *[str(w / (s + ".o")) for s in spec.sources + spec.cuda_sources],
+                f"-L{torch_root}/torch/lib", "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch",
+                f"-L{cuda_home}/lib", f"-l:{cudart[0].name}"]
+        done = subprocess.run(link, capture_output=not verbose, text=True)
+        if done.returncode != 0:
+            raise UserError(f"linking kernel {spec.name} failed: {(done.stderr or '').strip().splitlines()[-3:]}")
+        for rel in spec.sources + spec.cuda_sources:
+            shutil.copyfile(spec.root / rel, lib.parent / rel)
+        digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+        record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
+                        abi, lib.name, digest, spec.source_sha256())
+        (lib.parent / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        lib.parent.rename(folder)
+    return load_kernel(folder), True

@@ -12,7 +12,8 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstdint>
@@ -171,7 +172,7 @@ std::tuple<at::Tensor, at::Tensor> topk_logprobs_cuda(const at::Tensor& logits_i
   const size_t smem = sizeof(float) * ((k + 1) & ~1) + sizeof(int64_t) * k;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "topk_logprobs_cuda", [&] {
     topk_logprobs_kernel<scalar_t><<<static_cast<unsigned>(rows), kThreads, smem,
-                                     at::cuda::getCurrentCUDAStream()>>>(
+                                     c10::cuda::getCurrentCUDAStream()>>>(
         logits.data_ptr<scalar_t>(), vocab, static_cast<int>(k), values.data_ptr<float>(),
         ids.data_ptr<int64_t>());
   });
