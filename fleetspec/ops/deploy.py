@@ -60,6 +60,7 @@ class DeployOutcome:
     engine_wait_s: float = 0.0
     exit_code: int = 0
     step_seconds: dict = field(default_factory=dict)
+    kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -185,6 +186,7 @@ class Deploy:
 
     def _smoke(self) -> dict:
         detail = switching.smoke(self.t, self.pf, self.state, self.release)
+        self.kernel = {k: detail[k] for k in ("candidates", "kernel_note") if k in detail}
         if detail.get("candidates"):
             self.echo(f"[{self.host.name}] DDTree candidates: {detail['candidates']}")
         if detail.get("kernel_note"):
@@ -299,6 +301,7 @@ class Deploy:
         if command:
             out.evidence["command"] = command
         out.step_seconds = dict(self.step_seconds)
+        out.kernel = dict(getattr(self, "kernel", {}))
         if self.pf is not None:
             out.reason = self.pf.redact(out.reason)
             out.evidence = json.loads(self.pf.redact(json.dumps(out.evidence, default=str)))

@@ -98,38 +98,39 @@ static float block_pass(const float* __restrict x, int64_t n, float ref, float* 
   return all;
 }
 
-// The best k (value, index) pairs of a row, ties to the lower index. Offers go into a buffer of
-// 2k; a full buffer is cut back to its best k (nth_element), which also raises the threshold a
-// later value must beat. Rows are scanned in index order, so a later value equal to the k-th
-// never displaces it: strictly greater is the rule.
+// The best k (value, index) pairs of a row, ties to the lower index: a heap of size k whose top is
+// the worst kept pair, so `thr` is always exactly the k-th best so far. Rows are scanned in index
+// order, so a later value equal to the k-th never displaces it: strictly greater is the rule.
 struct TopK {
-  int64_t k;
-  std::vector<std::pair<float, int64_t>> buf;
-  float thr = -std::numeric_limits<float>::infinity();
-  bool have_k = false;   // thr is the k-th best so far (else: fewer than k seen, take anything)
-
-  explicit TopK(int64_t k_) : k(k_) { buf.reserve(2 * k_); }
-  struct Better {   // a function object, so sort and nth_element inline the comparison
-    bool operator()(const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) const {
+  using Item = std::pair<float, int64_t>;
+  struct Better {   // a function object, so the heap and sort inline the comparison
+    bool operator()(const Item& a, const Item& b) const {
       return a.first > b.first || (a.first == b.first && a.second < b.second);
     }
   };
+  int64_t k;
+  std::vector<Item> heap;   // std heap ordered by Better: heap.front() is the worst kept
+  float thr = -std::numeric_limits<float>::infinity();
+  bool have_k = false;      // k pairs kept: thr is the k-th best (else take anything)
+
+  explicit TopK(int64_t k_) : k(k_) { heap.reserve(k_); }
   bool wants(float x) const { return !have_k || x > thr; }
   void offer(float x, int64_t index) {
-    buf.emplace_back(x, index);
-    if (static_cast<int64_t>(buf.size()) == 2 * k) cut();
-  }
-  void cut() {
-    if (static_cast<int64_t>(buf.size()) < k) return;
-    std::nth_element(buf.begin(), buf.begin() + (k - 1), buf.end(), Better());
-    buf.resize(k);
-    thr = buf[k - 1].first;   // the k-th best: every kept value is >= it
-    have_k = true;
+    if (have_k) {
+      std::pop_heap(heap.begin(), heap.end(), Better());
+      heap.back() = Item(x, index);
+    } else {
+      heap.emplace_back(x, index);
+    }
+    std::push_heap(heap.begin(), heap.end(), Better());
+    if (static_cast<int64_t>(heap.size()) == k) {
+      have_k = true;
+      thr = heap.front().first;
+    }
   }
   void finish(float* v, int64_t* id) {
-    cut();
-    std::sort(buf.begin(), buf.end(), Better());
-    for (int64_t j = 0; j < k; ++j) { v[j] = buf[j].first; id[j] = buf[j].second; }
+    std::sort(heap.begin(), heap.end(), Better());
+    for (int64_t j = 0; j < k; ++j) { v[j] = heap[j].first; id[j] = heap[j].second; }
   }
 };
 
