@@ -98,6 +98,14 @@ static float block_pass(const float* __restrict x, int64_t n, float ref, float* 
   return all;
 }
 
+// Bit l set where x[l] > t, for one full chunk.
+FLEETSPEC_CLONES
+static uint32_t chunk_hits(const float* __restrict x, float t) {
+  uint32_t hits = 0;
+  for (int l = 0; l < kChunk; ++l) hits |= static_cast<uint32_t>(x[l] > t) << l;
+  return hits;
+}
+
 // The best k (value, index) pairs of a row, ties to the lower index: a heap of size k whose top is
 // the worst kept pair, so `thr` is always exactly the k-th best so far. Rows are scanned in index
 // order, so a later value equal to the k-th never displaces it: strictly greater is the rule.
@@ -167,9 +175,19 @@ void row_topk(const scalar_t* row, int64_t vocab, int64_t k, float* out_v, int64
     if (!top.have_k || bmax > top.thr) {
       for (int64_t c = 0; c * kChunk < n; ++c) {
         if (top.have_k && !(cmax[c] > top.thr)) continue;
-        const int64_t end = std::min(n, (c + 1) * kChunk);
-        for (int64_t i = c * kChunk; i < end; ++i)
-          if (top.wants(x[i])) top.offer(x[i], start + i);
+        const int64_t base = c * kChunk, len = std::min(n - base, kChunk);
+        if (!top.have_k || len < kChunk) {
+          for (int64_t i = base; i < base + len; ++i)
+            if (top.wants(x[i])) top.offer(x[i], start + i);
+          continue;
+        }
+        // the chunk's values above the threshold as a bit mask (branch-free), then only those
+        uint32_t hits = chunk_hits(x + base, top.thr);
+        while (hits) {
+          const int l = __builtin_ctz(hits);
+          hits &= hits - 1;
+          if (top.wants(x[base + l])) top.offer(x[base + l], start + base + l);
+        }
       }
     }
   }
