@@ -139,9 +139,13 @@ def _candidates_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor,
     a row where more values equal the k-th than fit takes the lowest ids among them.
     """
     logits = draft_logits.float()
-    values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+    vocab = logits.shape[-1]
+    values, ids = torch.topk(logits, min(k + 1, vocab), dim=-1, largest=True, sorted=True)
+    # the (k+1)-th equal to the k-th: ties at the boundary, so which ids are in is picked by id
+    crowded = values[..., k] == values[..., k - 1] if k < vocab else torch.zeros(values.shape[:-1], dtype=torch.bool,
+                                                                                  device=values.device)
+    values, ids = values[..., :k], ids[..., :k]
     kth = values[..., -1:]
-    crowded = (logits >= kth).sum(dim=-1) > k          # ties at the boundary: pick by id
     if bool(crowded.any()):
         rows = crowded.nonzero(as_tuple=True)
         sub, sub_kth = logits[rows], kth[rows]
