@@ -1,11 +1,16 @@
-"""DDTree tree building on this CPU: the shipped build_ddtree against a straightforward Python heap.
+"""DDTree tree building on this CPU, side by side in one run, same logits, same trees (checked):
+
+- build_ddtree with the compiled kernel (fused top-k + log-normaliser, one pass over the logits),
+- one plain memory pass over the same logits (`logits.sum()`): the floor the kernel is held to,
+- the torch log_softmax + topk path, then the same heap,
+- today's build before the kernel (torch topk + logsumexp, then the heap),
+- the torch fallback that ships with the kernel (today's, plus ties ordered by token id),
+- with --reference, a straightforward Python-heap version (full sort of every position).
 
 Shape: batch 8, budget 64, block 16 (15 drafted positions after the bonus token), vocab 151,936
-(Qwen's). The reference is the same best-first algorithm written the obvious way: a full
-log-softmax and a full sort of the vocabulary at every position, then heapq reading scores from
-tensors one element at a time. Both must produce the same trees; the script checks that first.
+(Qwen's). The kernel is built (or taken from the cache) with fleetspec's kernel builder.
 
-    python bench/tree_build.py [--repeats 5] [--topk-cap N]
+    python bench/tree_build.py [--repeats 7] [--topk-cap N] [--reference]
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-PAYLOAD = Path(__file__).resolve().parents[1] / "playbooks/ddtree/payload/ddtree_utils.py"
+REPO = Path(__file__).resolve().parents[1]
+PAYLOAD = REPO / "playbooks/ddtree/payload/ddtree_utils.py"
 
 
 def load_payload():
@@ -67,6 +73,24 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
+def heap_build(du, logp: torch.Tensor, ids: torch.Tensor, budget: int):
+    """build_ddtree's heap half on given candidates (so every path shares it)."""
+    rows_p, rows_i = logp.tolist(), ids.tolist()
+    return [du._grow(rows_p[b], rows_i[b], budget) for b in range(len(rows_p))]
+
+
+def today_candidates(logits: torch.Tensor, k: int):
+    """build_ddtree's candidates before the kernel: topk, then logsumexp (ties in topk's order)."""
+    x = logits.float()
+    values, ids = torch.topk(x, k, dim=-1)
+    return values - torch.logsumexp(x, dim=-1, keepdim=True), ids
+
+
+def log_softmax_candidates(logits: torch.Tensor, k: int):
+    """The obvious torch path: a full log_softmax, then topk."""
+    return torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -74,30 +98,66 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--topk-cap", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--reference", action="store_true", help="also time the full-sort Python heap (slow)")
     args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    from fleetspec.model.kernel import build_kernel
+
     du = load_payload()
+    kernel, _ = build_kernel(REPO / "playbooks/ddtree/kernels/tree_mask")
+    status = du.load_kernel(kernel.path)
+    if not status["loaded"]:
+        raise SystemExit(f"kernel did not load: {status['error']}")
     depth = args.block - 1
     logits = torch.randn(args.batch, depth, args.vocab, generator=torch.Generator().manual_seed(0)) * 3
-
-    tree = du.build_ddtree(logits, args.budget, args.topk_cap)
-    for b, (parents, tokens) in enumerate(reference_build(logits, args.budget, args.topk_cap)):
-        assert tree.parents[b, : len(parents)].tolist() == parents, f"row {b}: parents differ"
-        assert tree.tokens[b, 1: len(tokens)].tolist() == tokens[1:], f"row {b}: tokens differ"
-
-    fast = timed(lambda: du.build_ddtree(logits, args.budget, args.topk_cap), args.repeats)
-    ref = timed(lambda: reference_build(logits, args.budget, args.topk_cap), max(1, args.repeats // 2))
     k = min(args.budget, args.vocab, args.topk_cap or args.vocab)
-    prune = timed(lambda: du._candidates(logits, k), args.repeats)
-    mask = timed(lambda: du.visibility_mask(tree), args.repeats)
-    med = statistics.median
+
+    tree = du.build_ddtree(logits, args.budget, args.topk_cap, use_kernel=True)
+    fallback = du.build_ddtree(logits, args.budget, args.topk_cap, use_kernel=False)
+    assert tree.candidates == "kernel:cpu" and fallback.candidates == "torch:cpu"
+    for f in ("tokens", "parents", "depth", "valid"):
+        assert torch.equal(getattr(tree, f), getattr(fallback, f)), f"kernel and fallback trees differ in {f}"
+    for name, fn in (("today", today_candidates), ("log_softmax", log_softmax_candidates)):
+        for b, (parents, tokens, _, _) in enumerate(heap_build(du, *fn(logits, k), args.budget)):
+            assert tree.parents[b, : len(parents)].tolist() == parents, f"{name} row {b}: parents differ"
+            assert tree.tokens[b, 1: len(tokens)].tolist() == tokens[1:], f"{name} row {b}: tokens differ"
+    if args.reference:
+        for b, (parents, tokens) in enumerate(reference_build(logits, args.budget, args.topk_cap)):
+            assert tree.parents[b, : len(parents)].tolist() == parents, f"row {b}: parents differ"
+            assert tree.tokens[b, 1: len(tokens)].tolist() == tokens[1:], f"row {b}: tokens differ"
+
+    runs = {
+        "kernel": lambda: du.build_ddtree(logits, args.budget, args.topk_cap, use_kernel=True),
+        "sum": lambda: logits.sum(),
+        "log_softmax": lambda: heap_build(du, *log_softmax_candidates(logits, k), args.budget),
+        "today": lambda: heap_build(du, *today_candidates(logits, k), args.budget),
+        "fallback": lambda: du.build_ddtree(logits, args.budget, args.topk_cap, use_kernel=False),
+        "kernel_candidates": lambda: du._candidates(logits, k, use_kernel=True),
+    }
+    times = {name: [] for name in runs}
+    for _ in range(args.repeats):          # interleaved, so load from elsewhere hits every path alike
+        for name, fn in runs.items():
+            times[name].extend(timed(fn, 1))
+    med = {name: statistics.median(v) for name, v in times.items()}
     print(f"tree build: batch {args.batch}, budget {args.budget}, block {args.block} ({depth} drafted positions), "
           f"vocab {args.vocab:,}, topk_cap {args.topk_cap}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    print(f"  build_ddtree (top-k prune + heap): {med(fast) * 1e3:8.1f} ms  (of which top-k + logsumexp {med(prune) * 1e3:.1f} ms)")
-    print(f"  reference (full sort + heap):      {med(ref) * 1e3:8.1f} ms")
-    print(f"  speed-up: {med(ref) / med(fast):.1f}x   (same trees: checked)")
-    print(f"  visibility_mask [{args.batch}, {args.budget + 1}, {args.budget + 1}]: {med(mask) * 1e3:.2f} ms")
+          f"{torch.get_num_threads()} threads, median of {args.repeats} interleaved runs; same trees: checked")
+    print(f"  build_ddtree with the kernel:          {med['kernel'] * 1e3:8.1f} ms  "
+          f"(kernel candidates alone {med['kernel_candidates'] * 1e3:.1f} ms)")
+    print(f"  one sum pass over the logits:          {med['sum'] * 1e3:8.1f} ms  -> kernel build / sum = "
+          f"{med['kernel'] / med['sum']:.2f}x (target <= 3x)")
+    print(f"  torch log_softmax + topk, then heap:   {med['log_softmax'] * 1e3:8.1f} ms  -> "
+          f"{med['log_softmax'] / med['kernel']:.1f}x the kernel build")
+    print(f"  today's build (topk + logsumexp):      {med['today'] * 1e3:8.1f} ms  -> "
+          f"{med['today'] / med['kernel']:.1f}x the kernel build")
+    print(f"  torch fallback (ties by token id):     {med['fallback'] * 1e3:8.1f} ms  -> "
+          f"{med['fallback'] / med['kernel']:.1f}x the kernel build")
+    if args.reference:
+        ref = statistics.median(timed(lambda: reference_build(logits, args.budget, args.topk_cap), 2))
+        print(f"  reference (full sort + Python heap):   {ref * 1e3:8.1f} ms  -> {ref / med['kernel']:.1f}x")
+    mask = timed(lambda: du.visibility_mask(tree), args.repeats)
+    print(f"  visibility_mask [{args.batch}, {args.budget + 1}, {args.budget + 1}]: {statistics.median(mask) * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

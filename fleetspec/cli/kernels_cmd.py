@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import click
@@ -34,18 +35,40 @@ def kernels_group():
 @click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=K.KERNEL_CACHE,
               show_default=True, help="Build cache, keyed by source hash and torch version.")
 @click.option("--verbose", is_flag=True, help="Show the compiler's output.")
+@click.option("--cuda/--cpu", "cuda", default=None,
+              help="CUDA build (refused when this python's torch or nvcc cannot) or CPU only; "
+                   "default: CUDA where a GPU is visible.")
+@click.option("--arch", default=None, metavar="LIST",
+              help="GPU compute capabilities to build for, e.g. '9.0;10.0' (the hosts' nvidia-smi "
+                   "compute_cap); needed for --cuda without a GPU here.")
+@click.option("--torch-root", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="An unpacked CUDA build of torch to build against instead of this python's torch "
+                   "(scripts/cuda-toolchain.sh fetches one); with --cuda, --arch and --cuda-home.")
+@click.option("--cuda-home", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="A CUDA toolkit with bin/nvcc (with --torch-root).")
 @click.pass_context
-def build(ctx, sources, out, cache, verbose):
-    """Build each kernel folder (default: every one in the playbooks) with this machine's torch."""
+def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home):
+    """Build each kernel folder (default: every one in the playbooks) with this machine's torch, or
+    for CUDA hosts against an unpacked CUDA torch (--torch-root) without a GPU here."""
     folders = _sources(ctx, sources)
     if out is not None and len(folders) > 1:
         raise UserError("--out takes one kernel folder at a time")
+    if (torch_root is None) != (cuda_home is None) or (torch_root is not None and (cuda is not True or not arch)):
+        raise UserError("--torch-root and --cuda-home go together, with --cuda and --arch")
     for folder in folders:
-        kernel, built = K.build_kernel(folder, cache, out, verbose)
+        if torch_root is not None:
+            kernel, built = K.build_kernel_offline(folder, torch_root, cuda_home, arch, cache, verbose)
+            if out is not None:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                for name in (kernel.library_file, K.KERNEL_JSON, *kernel.spec.sources, *kernel.spec.cuda_sources):
+                    shutil.copyfile(kernel.spec.root / name, Path(out) / name)
+        else:
+            kernel, built = K.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
         abi = kernel.abi
         click.echo(f"{kernel.name}: {'built' if built else 'cached'} {kernel.path} "
                    f"(torch {abi.torch}, {abi.python_tag}, cuda {abi.cuda}, cxx11_abi {abi.cxx11_abi}, "
-                   f"{abi.platform}, sha256 {kernel.sha256[:12]})")
+                   f"{abi.platform}{', arch ' + ';'.join(abi.arch_list) if abi.arch_list else ''}, "
+                   f"sha256 {kernel.sha256[:12]})")
 
 
 @kernels_group.command("list")

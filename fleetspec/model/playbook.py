@@ -113,6 +113,9 @@ class Playbook:
     launch: Launch = field(default_factory=Launch)
     patchsets: Mapping[str, Path] = field(default_factory=lambda: MappingProxyType({}))
     kernels: tuple[Path, ...] = ()
+    # required: a kernel that does not match or load fails the deploy before the switch;
+    # optional: the payload falls back to torch and the deploy says so
+    kernel_policy: str = "optional"
     smoke: Smoke = field(default_factory=Smoke)
     probes: Probes = field(default_factory=Probes)
     gates: Gates = field(default_factory=Gates)
@@ -158,6 +161,7 @@ def load_playbook(path: str | Path) -> Playbook:
     launch = _launch(top.sub("launch"))
     patchsets = _patchsets(top.sub("patchsets"), base)
     kernels = _kernels(top, base)
+    kernel_policy = top.choice("kernel_policy", KERNEL_POLICIES, "optional")
     smoke = _smoke(top.sub("smoke"))
     probes = _probes(top.sub("probes"))
     gates = _gates(top.sub("gates"))
@@ -166,7 +170,7 @@ def load_playbook(path: str | Path) -> Playbook:
     top.done()
     return Playbook(path=path, algo=algo, speculative_algorithm=spec_alg, description=description,
                     options=options, hybrid=hybrid, launch=launch, patchsets=patchsets,
-                    kernels=kernels, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep)
+                    kernels=kernels, kernel_policy=kernel_policy, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep)
 
 
 def _options(f: Fields) -> Mapping[str, Scalar]:
@@ -243,6 +247,9 @@ def _patchsets(f: Fields, base: Path) -> Mapping[str, Path]:
         out[str(version)] = _existing_dir(f, str(version), rel, base)
     f.done()
     return MappingProxyType(out)
+
+
+KERNEL_POLICIES = ("required", "optional")
 
 
 def _kernels(top: Fields, base: Path) -> tuple[Path, ...]:

@@ -62,6 +62,7 @@ class DeployOutcome:
     exit_code: int = 0
     step_seconds: dict = field(default_factory=dict)
     previous: str | None = None        # what the service ran before this deploy: a release id or "baseline"
+    kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -200,7 +201,13 @@ class Deploy:
                 "sent_bytes": switching.LAST_SENT.get(self.host.name, 0)}
 
     def _smoke(self) -> dict:
-        return switching.smoke(self.t, self.pf, self.state, self.release)
+        detail = switching.smoke(self.t, self.pf, self.state, self.release)
+        self.kernel = {k: detail[k] for k in ("candidates", "kernel_note") if k in detail}
+        if detail.get("candidates"):
+            self.echo(f"[{self.host.name}] DDTree candidates: {detail['candidates']}")
+        if detail.get("kernel_note"):
+            self.echo(f"[{self.host.name}] note: {detail['kernel_note']}")
+        return detail
 
     def _render(self) -> dict:
         return switching.render_release(self.t, self.pf, self.state, self.release)
@@ -323,6 +330,7 @@ class Deploy:
             out.evidence["command"] = command
         out.step_seconds = dict(self.step_seconds)
         out.previous = (self.previous or BASELINE) if getattr(self, "previous_known", False) else None
+        out.kernel = dict(getattr(self, "kernel", {}))
         if self.pf is not None:
             out.reason = self.pf.redact(out.reason)
             out.evidence = json.loads(self.pf.redact(json.dumps(out.evidence, default=str)))

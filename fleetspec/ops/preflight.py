@@ -110,12 +110,14 @@ class Preflight:
         if want.parse_args:
             out.append(("parse_args", smoke.parse_args_script(self.new_argv[self.new_argv.index("-m") + 2:]
                                                               if "-m" in self.new_argv else self.new_argv[1:]), parse))
-        if want.ddtree_sample:
-            out.append(("ddtree_sample", smoke.ddtree_sample_script(), parse))
-        if want.kernels:
+        required = self.playbook.kernel_policy == "required"
+        if want.kernels:   # before ddtree_sample: the payload loads the release's library either way
             for kernel in self.kernels:
                 for name in kernel.file_bytes():
-                    out.append((f"kernel:{name}", smoke.kernel_script(f"{kernels_dir}/{name}"), parse))
+                    out.append((f"kernel:{name}", smoke.kernel_script(f"{kernels_dir}/{name}", required), parse))
+        if want.ddtree_sample:
+            out.append(("ddtree_sample", smoke.ddtree_sample_script(kernel_required=required and bool(self.kernels)),
+                        parse))
         return out
 
     def environment(self, release) -> dict[str, str]:
@@ -220,7 +222,7 @@ def run(t, req, echo=print) -> Preflight:
     new_argv = argv_ops.derive_argv(exec_argv, flags)
 
     patchset = select_patchset(t, playbook, sg, host.name)
-    kernels = load_kernels(playbook, tv, host.name)
+    kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
     payload = _payload_bytes(patchset, kernels)
     need = MIN_FREE_BYTES + 2 * payload          # the uploaded objects, then their copies in the release
     if disk is not None and getattr(disk, "free_bytes", None) is not None and disk.free_bytes < need:
@@ -387,9 +389,13 @@ def installed_hashes(t, site_packages: str, patchset) -> dict[str, str]:
 
 
 def load_kernels(playbook, torch_facts, host: str) -> list:
+    """For each kernel folder, the build matching the host's ABI facts (torch, python, CUDA or cpu,
+    C++ ABI, GPU arch); none matching is refused whatever the kernel_policy, naming both sides and
+    the command that builds it. The policy decides what a library that then does not load means:
+    required fails the smoke tests, optional falls back to torch with a note."""
     if not playbook.kernels:
         return []
-    from fleetspec.model.kernel import check_abi, find_built_kernel
+    from fleetspec.model.kernel import find_built_kernel
 
     from fleetspec.errors import ConfigError
     from fleetspec.model.kernel import KERNEL_JSON
@@ -397,13 +403,24 @@ def load_kernels(playbook, torch_facts, host: str) -> list:
 
     out = []
     for folder in playbook.kernels:
-        kernel = find_built_kernel(folder, torch_facts)
-        check_abi(kernel, torch_facts, host=host)
+        kernel = find_built_kernel(folder, torch_facts, host=host)
         if sha256_file(kernel.path) != kernel.sha256:     # here, not half-way through staging
             raise ConfigError(kernel.spec.root / KERNEL_JSON, "build.sha256",
                               f"the sha256 of {kernel.library_file} (it changed since the build)")
         out.append(kernel)
     return out
+
+
+def kernel_facts(torch_facts, gpus) -> dict:
+    """The ABI facts a kernel build must match: the torch fact's, plus the GPUs' compute
+    capabilities from nvidia-smi (a CUDA build must carry code for each)."""
+    from fleetspec.model.kernel import host_abi
+
+    facts = host_abi(torch_facts) if torch_facts is not None else {"torch": None}
+    caps = sorted({g.compute_cap for g in getattr(gpus, "gpus", []) or [] if getattr(g, "compute_cap", None)})
+    if caps:
+        facts["gpu_arch"] = tuple(caps)
+    return facts
 
 
 def check_gpus(host, gpus) -> list[str]:

@@ -112,11 +112,15 @@ _emit(True, sglang_version=getattr(sglang, "__version__", None), server_args_fil
 '''
 
 
-def ddtree_sample_script(budget: int = 16, topk_cap: int | None = 4, seed: int = 0) -> str:
-    """Build a DDTree on fixed sample logits with the shipped ddtree_utils and check its invariants."""
+def ddtree_sample_script(budget: int = 16, topk_cap: int | None = 4, seed: int = 0,
+                         kernel_required: bool = False) -> str:
+    """Build a DDTree on fixed sample logits with the shipped ddtree_utils and check its invariants.
+    Reports which candidate path ran (the release's compiled kernel or the torch fallback); with
+    kernel_required, the fallback is a failure."""
     return _EMIT + f'''
 import torch
 from sglang.srt.speculative import ddtree_utils as du
+kernel = du.kernel_status() if hasattr(du, "kernel_status") else {{"loaded": False, "error": "payload without kernel support"}}
 g = torch.Generator().manual_seed({int(seed)})
 draft = torch.randn(2, 6, 257, generator=g)
 tree = du.build_ddtree(draft, {int(budget)}, {topk_cap!r})
@@ -165,27 +169,50 @@ checks = {{
     "layout": all(t.shape == tree.tokens.shape for t in du.to_sglang_layout(tree)),
     "sampling_distribution": bool(chi2 < 40.0 and int(first.min()) >= 0),
 }}
-_emit(all(checks.values()), checks=checks, summary=du.tree_summary(tree), torch=torch.__version__,
-      sampling_chi2=round(chi2, 2), error=", ".join(k for k, v in checks.items() if not v))
+candidates = getattr(tree, "candidates", "torch:cpu")
+if {bool(kernel_required)!r}:
+    checks["kernel_required"] = candidates.startswith("kernel:")
+failed = [k for k, v in checks.items() if not v]
+error = ", ".join(failed)
+if "kernel_required" in failed:
+    error = f"the kernel is required (kernel_policy: required) but the tree was built by {{candidates}}: {{kernel.get('error')}}"
+_emit(not failed, checks=checks, summary=du.tree_summary(tree), torch=torch.__version__,
+      candidates=candidates, kernel=kernel, sampling_chi2=round(chi2, 2), error=error)
 '''
 
 
-def kernel_script(library: str, op: str = "fleetspec_ddtree::tree_mask") -> str:
-    """Load a built kernel with the host's torch and compare it with ddtree_utils' reference."""
-    namespace, name = op.split("::")
+def kernel_script(library: str, required: bool = True) -> str:
+    """Load a built kernel into the host's torch through the payload's own loader and compare each
+    op with the payload's torch code (tree_mask with visibility_mask; topk_logprobs with the
+    fallback's candidates, ties and -inf included). A library that does not load fails when the
+    kernel is required; when optional it passes with fallback=True and the reason."""
     return _EMIT + f'''
 import torch
 from sglang.srt.speculative import ddtree_utils as du
-try:
-    torch.ops.load_library({library!r})
-    fn = getattr(getattr(torch.ops, {namespace!r}), {name!r})
-except Exception as exc:
-    _emit(False, error=f"loading {{ {library!r} }}: {{exc}}", torch=torch.__version__)
+status = du.load_kernel({library!r}) if hasattr(du, "load_kernel") else None
+if status is None:
+    try:
+        torch.ops.load_library({library!r})
+        status = {{"loaded": True, "devices": ["cpu"]}}
+    except Exception as exc:
+        status = {{"loaded": False, "error": f"{{type(exc).__name__}}: {{exc}}"}}
+if not status.get("loaded"):
+    _emit(not {bool(required)!r}, fallback=True, kernel=status, torch=torch.__version__,
+          error=f"loading {library}: {{status.get('error')}}")
 g = torch.Generator().manual_seed(0)
 tree = du.build_ddtree(torch.randn(4, 8, 64, generator=g), 32, 4)
-want = du.visibility_mask(tree)
-got = fn(tree.parents)
-equal = bool(got.dtype == torch.bool and got.shape == want.shape and torch.equal(got, want))
-_emit(equal, torch=torch.__version__, op={op!r}, shape=list(got.shape),
-      error="" if equal else "kernel result differs from ddtree_utils.visibility_mask")
+checks = {{"tree_mask": bool(torch.equal(torch.ops.fleetspec_ddtree.tree_mask(tree.parents), du.visibility_mask(tree)))}}
+if hasattr(du, "_candidates_torch"):
+    logits = (torch.randn(3, 5, 997, generator=g) * 2).round()
+    logits[0, 1] = float("-inf")
+    logits[1, :, 7:] = float("-inf")
+    got_v, got_i = torch.ops.fleetspec_ddtree.topk_logprobs(logits, 16)
+    want_v, want_i = du._candidates_torch(logits, 16)
+    checks["topk_logprobs"] = bool(torch.equal(got_i, want_i) and torch.allclose(got_v, want_v, atol=1e-5, equal_nan=True))
+    a = du.build_ddtree(logits, 32, None, use_kernel=True)
+    b = du.build_ddtree(logits, 32, None, use_kernel=False)
+    checks["same_tree"] = all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("tokens", "parents", "depth", "valid"))
+bad = [k for k, v in checks.items() if not v]
+_emit(not bad, checks=checks, kernel=status, fallback=False, torch=torch.__version__,
+      error="kernel differs from the payload's torch code: " + ", ".join(bad) if bad else "")
 '''

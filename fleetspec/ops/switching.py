@@ -165,7 +165,23 @@ def smoke(t, pf, state: HostState, release: Release) -> dict:
         results[name] = verdict
         if not verdict.get("ok"):
             raise FleetspecError(f"smoke test {name} failed: {verdict.get('error') or r.stderr.strip()[-300:]}")
-    return {"smoke": {k: {kk: vv for kk, vv in v.items() if kk != 'ok'} for k, v in results.items()}}
+    out = {"smoke": {k: {kk: vv for kk, vv in v.items() if kk != 'ok'} for k, v in results.items()}}
+    out.update(kernel_path(results))
+    return out
+
+
+def kernel_path(results: dict) -> dict:
+    """Which DDTree candidate path the release runs (compiled kernel or torch fallback) as the smoke
+    tests saw it, and a note when an optional kernel fell back. Goes into the ledger."""
+    out = {}
+    sample = results.get("ddtree_sample") or {}
+    if sample.get("candidates"):
+        out["candidates"] = sample["candidates"]
+    fell_back = {name: r.get("error") for name, r in results.items() if name.startswith("kernel:") and r.get("fallback")}
+    if fell_back:
+        out["kernel_note"] = "; ".join(f"{name} did not load, DDTree uses its torch fallback (kernel_policy: optional): "
+                                       f"{why}" for name, why in fell_back.items())
+    return out
 
 
 # Render ---------------------------------------------------------------------------------------

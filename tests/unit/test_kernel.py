@@ -139,4 +139,4 @@ def test_a_changed_library_is_caught(built, tmp_path):
 def test_source_folder_needs_a_build_record():
     with pytest.raises(ConfigError, match="fleetspec kernels build"):
         K.load_kernel(SOURCE)
-    assert K.load_spec(SOURCE).op_names == ("fleetspec_ddtree::tree_mask",)
+    assert K.load_spec(SOURCE).op_names == ("fleetspec_ddtree::tree_mask", "fleetspec_ddtree::topk_logprobs")

@@ -6,7 +6,10 @@ import csv
 import io
 from dataclasses import dataclass, field
 
-QUERY = "index,name,uuid,memory.total,memory.used,utilization.gpu,temperature.gpu"
+# compute_cap last: older drivers that do not know it make the whole query fail, so the command
+# retries without it (parse takes 7 or 8 fields).
+QUERY = "index,name,uuid,memory.total,memory.used,utilization.gpu,temperature.gpu,compute_cap"
+QUERY_OLD = QUERY.rsplit(",", 1)[0]
 NO_SMI = "__FLEETSPEC_NO_NVIDIA_SMI__"
 
 
@@ -19,6 +22,7 @@ class Gpu:
     memory_used_mib: int | None
     utilization_pct: int | None
     temperature_c: int | None
+    compute_cap: str | None = None    # "9.0" for an H100/H200; what a CUDA kernel build must cover
 
 
 @dataclass
@@ -34,7 +38,8 @@ class GpuInfo:
 
 def command() -> str:
     return (f"command -v nvidia-smi >/dev/null 2>&1 || {{ echo {NO_SMI}; exit 0; }}; "
-            f"nvidia-smi --query-gpu={QUERY} --format=csv,noheader,nounits")
+            f"nvidia-smi --query-gpu={QUERY} --format=csv,noheader,nounits 2>/dev/null || "
+            f"nvidia-smi --query-gpu={QUERY_OLD} --format=csv,noheader,nounits")
 
 
 def _num(text: str) -> int | None:
@@ -51,8 +56,9 @@ def parse(stdout: str) -> GpuInfo:
     for row in csv.reader(io.StringIO(stdout), skipinitialspace=True):
         if not row:
             continue
-        if len(row) != 7:
-            raise ValueError(f"expected 7 CSV fields, got {len(row)}: {row!r}")
-        idx, name, uuid, total, used, util, temp = (c.strip() for c in row)
-        gpus.append(Gpu(int(idx), name, uuid, _num(total), _num(used), _num(util), _num(temp)))
+        if len(row) not in (7, 8):
+            raise ValueError(f"expected 7 or 8 CSV fields, got {len(row)}: {row!r}")
+        idx, name, uuid, total, used, util, temp, *cap = (c.strip() for c in row)
+        cap = cap[0] if cap and cap[0] and not cap[0].startswith("[") and cap[0] != "N/A" else None
+        gpus.append(Gpu(int(idx), name, uuid, _num(total), _num(used), _num(util), _num(temp), cap))
     return GpuInfo(present=True, gpus=gpus)

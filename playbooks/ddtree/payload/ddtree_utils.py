@@ -8,13 +8,20 @@ every other node is one drafted token at depth >= 1, and a node's score is the j
 log-probability of the path from the root to it. Nodes are numbered in the order the heap pops
 them, so a parent always has a lower index than its children and siblings are in rank order.
 Unused slots (a vocabulary or a top-k cap too small to fill the budget) have ``valid == False``.
+
+The per-depth candidates (top-k log-probabilities) come from the compiled kernel
+``fleetspec_ddtree::topk_logprobs`` when the release's library is loaded (one pass over the
+logits), otherwise from torch (topk, then logsumexp). Both order ties by the lower token id and
+give the same trees; ``kernel_status()`` and ``DDTree.candidates`` say which one ran.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,7 +35,66 @@ __all__ = [
     "verify_sampling",
     "to_sglang_layout",
     "tree_summary",
+    "load_kernel",
+    "kernel_status",
 ]
+
+KERNEL_OP = "fleetspec_ddtree::topk_logprobs"
+KERNEL_LIBRARY = "tree_mask.so"
+_KERNEL = {"loaded": False, "library": None, "error": None, "devices": []}
+
+
+def _op_devices() -> list[str]:
+    """The dispatch keys (cpu, cuda) the topk_logprobs op has a kernel for, [] if not registered."""
+    found = []
+    for key in ("CPU", "CUDA"):
+        try:
+            if torch._C._dispatch_has_kernel_for_dispatch_key(KERNEL_OP, key):
+                found.append(key.lower())
+        except RuntimeError:
+            return []
+    return found
+
+
+def _default_library() -> Path | None:
+    """$FLEETSPEC_KERNELS (the release's kernels folder, set by fleetspec's drop-in), else the
+    kernels folder of the release this file's overlay belongs to (release/overlay/sglang/srt/
+    speculative/ddtree_utils.py -> release/kernels)."""
+    folder = os.environ.get("FLEETSPEC_KERNELS")
+    if folder:
+        return Path(folder) / KERNEL_LIBRARY
+    here = Path(__file__).resolve()
+    if len(here.parents) > 4 and here.parents[3].name == "overlay":
+        return here.parents[4] / "kernels" / KERNEL_LIBRARY
+    return None
+
+
+def load_kernel(library: str | os.PathLike | None = None) -> dict:
+    """Load the compiled library (default: the release's) once; never raises. A library whose ops
+    are already registered (loaded by someone else in this process) is not loaded a second time:
+    two copies of one TORCH_LIBRARY abort the process."""
+    if _op_devices():
+        _KERNEL.update(loaded=True, error=None, devices=_op_devices())
+        _KERNEL["library"] = _KERNEL["library"] or (str(library) if library else "already loaded")
+        return kernel_status()
+    path = Path(library) if library else _default_library()
+    if path is None:
+        _KERNEL.update(loaded=False, library=None, error="no kernel library (FLEETSPEC_KERNELS unset)")
+        return kernel_status()
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as err:
+        _KERNEL.update(loaded=False, library=str(path), error=f"{type(err).__name__}: {err}")
+        return kernel_status()
+    devices = _op_devices()
+    _KERNEL.update(loaded=bool(devices), library=str(path), devices=devices,
+                   error=None if devices else f"{path} does not register {KERNEL_OP}")
+    return kernel_status()
+
+
+def kernel_status() -> dict:
+    """JSON-able: whether the compiled candidates kernel is loaded, from where, for which devices."""
+    return {"op": KERNEL_OP, **{k: (list(v) if isinstance(v, list) else v) for k, v in _KERNEL.items()}}
 
 
 @dataclass
@@ -39,6 +105,7 @@ class DDTree:
     scores: torch.Tensor  # float[B, N]; joint draft log-prob, 0 at the root, -inf for padding
     valid: torch.Tensor  # bool[B, N]
     budget: int
+    candidates: str = "none"  # which path chose the candidates: kernel:<device> or torch:<device>
 
     @property
     def batch_size(self) -> int:
@@ -65,12 +132,53 @@ class WalkResult:
     accept_length: torch.Tensor  # long[B]; number of accepted draft tokens
 
 
-def _candidates(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k log-probs and token ids per depth: a tree of `budget` nodes never uses more."""
+def _candidates_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k log-probs and token ids per row with torch, ties ordered by the lower token id.
+
+    torch.topk leaves the order of equal values open, so the k values are re-sorted stably by id;
+    a row where more values equal the k-th than fit takes the lowest ids among them.
+    """
     logits = draft_logits.float()
-    values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+    vocab = logits.shape[-1]
+    values, ids = torch.topk(logits, min(k + 1, vocab), dim=-1, largest=True, sorted=True)
+    # the (k+1)-th equal to the k-th: ties at the boundary, so which ids are in is picked by id
+    crowded = values[..., k] == values[..., k - 1] if k < vocab else torch.zeros(values.shape[:-1], dtype=torch.bool,
+                                                                                  device=values.device)
+    values, ids = values[..., :k], ids[..., :k]
+    kth = values[..., -1:]
+    if bool(crowded.any()):
+        rows = crowded.nonzero(as_tuple=True)
+        sub, sub_kth = logits[rows], kth[rows]
+        above = sub > sub_kth
+        equal = sub == sub_kth
+        need = k - above.sum(dim=-1, keepdim=True)
+        take = above | (equal & (equal.cumsum(dim=-1) <= need))
+        picked = take.nonzero()[:, 1].view(-1, k)      # ids ascending, k per row
+        ids = ids.clone()
+        values = values.clone()
+        ids[rows] = picked
+        values[rows] = sub.gather(-1, picked)
+    by_id, order = ids.sort(dim=-1)
+    values = values.gather(-1, order)
+    values, order = values.sort(dim=-1, descending=True, stable=True)
+    ids = by_id.gather(-1, order)
     log_z = torch.logsumexp(logits, dim=-1, keepdim=True)
     return values - log_z, ids
+
+
+def _candidates(draft_logits: torch.Tensor, k: int, use_kernel: bool | None = None):
+    """(logp, ids, path): top-k log-probs and ids per depth (a tree of `budget` nodes never uses
+    more), from the compiled kernel when it is loaded for this device, else from torch.
+    use_kernel: None = when available, True = required (raises if not), False = torch only."""
+    device = draft_logits.device.type
+    if use_kernel is not False and device in _KERNEL["devices"]:
+        fn = torch.ops.fleetspec_ddtree.topk_logprobs
+        logp, ids = fn(draft_logits, k)
+        return logp, ids, f"kernel:{device}"
+    if use_kernel:
+        raise RuntimeError(f"{KERNEL_OP} is not loaded for {device}: {_KERNEL['error'] or 'no kernel for this device'}")
+    logp, ids = _candidates_torch(draft_logits, k)
+    return logp, ids, f"torch:{device}"
 
 
 def _grow(logp: list[list[float]], ids: list[list[int]], budget: int):
@@ -102,7 +210,7 @@ def _grow(logp: list[list[float]], ids: list[list[int]], budget: int):
 
 
 def build_ddtree(draft_logits: torch.Tensor, budget: int, topk_cap: int | None = None,
-                 *, root_tokens: torch.Tensor | None = None) -> DDTree:
+                 *, root_tokens: torch.Tensor | None = None, use_kernel: bool | None = None) -> DDTree:
     """Grow one tree per request from draft_logits[B, D, V] (row d: the token at depth d + 1)."""
     if draft_logits.dim() != 3:
         raise ValueError(f"draft_logits must be [batch, depth, vocab], got {tuple(draft_logits.shape)}")
@@ -118,9 +226,10 @@ def build_ddtree(draft_logits: torch.Tensor, budget: int, topk_cap: int | None =
     depth = torch.zeros((batch, n), dtype=torch.long)
     scores = torch.full((batch, n), -math.inf, dtype=torch.float32)
     valid = torch.zeros((batch, n), dtype=torch.bool)
+    path = "none"
     if depth_count > 0 and vocab > 0:
         k = min(budget, vocab, topk_cap or vocab)
-        logp, ids = _candidates(draft_logits, k)
+        logp, ids, path = _candidates(draft_logits, k, use_kernel)
         logp_rows, id_rows = logp.cpu().tolist(), ids.cpu().tolist()
         for b in range(batch):
             p, t, d, s = _grow(logp_rows[b], id_rows[b], budget)
@@ -135,7 +244,7 @@ def build_ddtree(draft_logits: torch.Tensor, budget: int, topk_cap: int | None =
     if root_tokens is not None:
         tokens[:, 0] = root_tokens.to("cpu", torch.long)
     return DDTree(tokens.to(device), parents.to(device), depth.to(device), scores.to(device),
-                  valid.to(device), budget)
+                  valid.to(device), budget, path)
 
 
 def visibility_mask(tree: DDTree) -> torch.Tensor:
@@ -248,4 +357,9 @@ def tree_summary(tree: DDTree) -> dict:
         "depth_histogram": [int(c) for c in hist.tolist()],
         "expected_acceptance": [round(float(e), 6) for e in expected.tolist()],
         "mean_expected_acceptance": round(float(expected.mean()), 6) if tree.batch_size else 0.0,
+        "candidates": tree.candidates,
     }
+
+
+if os.environ.get("FLEETSPEC_DDTREE_KERNEL", "auto") != "off":
+    load_kernel()

@@ -33,6 +33,8 @@ at::Tensor tree_mask_cpu(const at::Tensor& parents_in) {
 
 TORCH_LIBRARY(fleetspec_ddtree, m) {
   m.def("tree_mask(Tensor parents) -> Tensor");
+  // Implemented in topk_logprobs.cpp (CPU) and topk_logprobs_cuda.cu (CUDA).
+  m.def("topk_logprobs(Tensor logits, int k) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fleetspec_ddtree, CPU, m) {

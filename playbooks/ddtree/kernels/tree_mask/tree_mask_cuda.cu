@@ -2,7 +2,8 @@
 // UNPROVEN: written without a GPU; built only where torch has CUDA and a toolchain is present.
 #include <torch/library.h>
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 
 namespace {
 
@@ -28,7 +29,7 @@ at::Tensor tree_mask_cuda(const at::Tensor& parents_in) {
   if (rows == 0) return out;
   const int threads = 128;
   const int64_t blocks = (rows + threads - 1) / threads;
-  tree_mask_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  tree_mask_kernel<<<blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       parents.data_ptr<int64_t>(), out.data_ptr<bool>(), batch, n);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
