@@ -239,6 +239,10 @@ def measure_for(t, pf) -> Measurement:
 def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
     after = measure_for(t, pf)
     verdicts = judge(for_host(pf.playbook.gates, pf.host), pf.before, after, hybrid=pf.hybrid)
+    simulated = getattr(getattr(pf, "launch", None), "simulated", ())
+    if simulated:   # acceptance (and so speed) is faked on both sides: nothing measured can pass
+        verdicts = [Verdict(v.name, INCONCLUSIVE, f"{', '.join(simulated)} is set (simulated acceptance)",
+                            v.figures, False) for v in verdicts]
     for v in verdicts:
         echo(f"[{pf.host.name}] gate {v.name}: {v.verdict}{' (dry run)' if v.dry_run else ''}"
              f"{' — ' + v.reason if v.reason else ''} {v.figures}")

@@ -135,7 +135,7 @@ def _fill(row: HostStatus, t, host: Host) -> None:
 def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
     """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
     drop-in left out): what preflight would refuse."""
-    from fleetspec.ops.hoststate import DROPIN_NAME, HostState
+    from fleetspec.ops.hoststate import HostState, is_ours
 
     if isinstance(files, FleetspecError):      # the fact failed: said as a note by the caller
         raise files
@@ -143,7 +143,7 @@ def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> 
     baseline = HostState(t, host.name, host.vars.service).baseline_from_text(files.baseline_json, repair=False)
     if baseline is None or files.unit_bytes is None:
         return []
-    dropins = {p: b for p, b in files.dropins.items() if PurePosixPath(p).name != DROPIN_NAME}
+    dropins = {p: b for p, b in files.dropins.items() if not is_ours(p)}
     return baseline.differences(files.unit_bytes, dropins)
 
 

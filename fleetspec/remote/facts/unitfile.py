@@ -253,9 +253,11 @@ def exec_start_of(unit_texts: list[str], specifiers: dict[str, str] | None = Non
     return commands
 
 
-def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
-                         specifiers: dict[str, str] | None = None) -> list[str]:
-    """The argv the service's process gets (one ExecStart= command, `$$` expanded).
+def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
+                           specifiers: dict[str, str] | None = None) -> ExecCommand:
+    """The one ExecStart= command the service runs: its prefix flags, the executable path (which
+    differs from argv[0] with `@`) and the argv the process gets (`$$` expanded, except under `:`,
+    where systemd expands nothing).
 
     Refuses (UnitSyntaxError) a unit with no or several commands, or one whose argv uses
     `$VARIABLES`: fleetspec would otherwise rewrite a command line it does not fully know.
@@ -263,7 +265,16 @@ def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ..
     commands = exec_start_of([unit_text, *dropin_texts], specifiers)
     if len(commands) != 1:
         raise UnitSyntaxError(f"expected exactly one ExecStart= command, found {len(commands)}")
-    argv, uses_vars = expand_dollars(commands[0].argv)
+    command = commands[0]
+    if ":" in command.flags:
+        return command
+    argv, uses_vars = expand_dollars(command.argv)
     if uses_vars:
         raise UnitSyntaxError("ExecStart= uses $VARIABLES; fleetspec cannot derive its argv exactly")
-    return argv
+    return ExecCommand(path=command.path, argv=tuple(argv), flags=command.flags)
+
+
+def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
+                         specifiers: dict[str, str] | None = None) -> list[str]:
+    """The argv the service's process gets (see effective_exec_command)."""
+    return list(effective_exec_command(unit_text, dropin_texts, specifiers).argv)
