@@ -65,16 +65,18 @@ class OptionTable:
     options: dict[str, tuple[str, str]]      # nargs code: "0", "1" (None), "?", "*", "+", "N"
     allow_abbrev: bool = True
     negative_number_optionals: bool = False
+    required: tuple[str, ...] = ()           # dests argparse insists on (--model-path)
 
     @classmethod
     def from_dict(cls, data: dict) -> "OptionTable":
         return cls(version=data["version"], options={k: (v[0], v[1]) for k, v in data["options"].items()},
                    allow_abbrev=bool(data.get("allow_abbrev", True)),
-                   negative_number_optionals=bool(data.get("negative_number_optionals", False)))
+                   negative_number_optionals=bool(data.get("negative_number_optionals", False)),
+                   required=tuple(data.get("required", ())))
 
     def to_dict(self) -> dict:
         return {"version": self.version, "allow_abbrev": self.allow_abbrev,
-                "negative_number_optionals": self.negative_number_optionals,
+                "negative_number_optionals": self.negative_number_optionals, "required": list(self.required),
                 "options": {k: list(v) for k, v in sorted(self.options.items())}}
 
     def dests(self) -> set[str]:
@@ -142,14 +144,17 @@ import sglang
 from sglang.srt.server_args import ServerArgs
 p = argparse.ArgumentParser(prog="sglang serve")
 ServerArgs.add_cli_args(p)
-opts, positionals = {}, []
+opts, positionals, required = {}, [], []
 for a in p._actions:
     if not a.option_strings:
         positionals.append(a.dest)
+    elif a.required:
+        required.append(a.dest)
     for s in a.option_strings:
         opts[s] = [a.dest, "1" if a.nargs is None else str(a.nargs)]
 sys.stdout.write("\nFLEETSPEC-OPTIONS " + json.dumps({"version": sglang.__version__, "allow_abbrev": p.allow_abbrev,
     "negative_number_optionals": bool(p._has_negative_number_optionals), "positionals": positionals,
+    "required": sorted(required),
     "options": opts}, sort_keys=True) + "\n")
 '''
 
@@ -249,6 +254,10 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
                                 "included) into the command line, where fleetspec cannot see or replace them",
                                 "move the file's settings onto the command line; a playbook may support "
                                 "config files later")
+    for dest in table.required:
+        if not any(item.dest == dest for item in items):
+            raise LaunchRefused(f"a command without the {dest} option", f"sglang {table.version}'s parser "
+                                f"requires it (the service could not start without it)", "fix the ExecStart first")
     return items
 
 

@@ -1,0 +1,181 @@
+"""The corpus of real launch configurations (tests/fixtures/execstart_corpus.yaml), each run through
+classify -> derive -> render -> fleetspec's unit parser -> the real parser of each sglang version.
+
+A case is either moved exactly (the rendered ExecStart parses back to the derived argv byte for byte,
+prefix and executable kept; every non-speculative dest of the real parser unchanged; the speculative
+group replaced; the algorithm read as the operator wrote it) or refused with the reason named.
+The real parsers run once per version, all cases batched in one subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetspec import render
+from fleetspec.lab.envs import SGLANG_VERSIONS
+from fleetspec.model import launch
+from fleetspec.remote.facts import systemd as systemd_fact
+from fleetspec.remote.facts import unitfile
+
+CORPUS = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "execstart_corpus.yaml").read_text())
+FLAGS = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/draft",
+         "--speculative-num-draft-tokens", "16"]
+CARRY = ("--speculative-draft-attention-backend", "--speculative-moe-runner-backend", "--speculative-moe-a2a-backend")
+
+# The parser exactly as prepare_server_args builds it; each argv parsed on its own, errors kept.
+REAL_PARSE = r'''
+import argparse, contextlib, io, json, sys
+from sglang.srt.server_args import ServerArgs
+out = []
+for argv in json.loads(sys.stdin.read()):
+    p = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(p)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = p.parse_args(argv)
+        out.append({"ok": True, "ns": {k: repr(v) for k, v in vars(ns).items()}})
+    except SystemExit:
+        out.append({"ok": False, "error": (err.getvalue().strip().splitlines() or ["exit"])[-1]})
+sys.stdout.write("\nREAL " + json.dumps(out) + "\n")
+'''
+
+
+def _expect(case, version):
+    return (case.get("per_version") or {}).get(version, case["expect"])
+
+
+def _command(case):
+    return unitfile.effective_exec_command(case["unit"])
+
+
+def _environment(case) -> dict:
+    env = {}
+    for value in unitfile.parse_unit(case["unit"]).values("Service", "Environment"):
+        for word in systemd_fact.split_words(value):
+            name, _, val = word.partition("=")
+            env[name] = val.strip('"')
+    return env
+
+
+def test_corpus_is_real_and_large_enough():
+    assert len(CORPUS) >= 30
+    ids = [c["id"] for c in CORPUS]
+    assert len(set(ids)) == len(ids)
+    for case in CORPUS:
+        assert case.get("source") and case.get("kind"), case["id"]
+    moved = [c for c in CORPUS if c["expect"] == "moved"]
+    refused = [c for c in CORPUS if c["expect"] != "moved"]
+    assert len(moved) >= 15 and len(refused) >= 8
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c["id"] for c in CORPUS])
+def test_classify(case):
+    """Version-independent: the launch form, or the refusal naming the form."""
+    command = _command(case)
+    try:
+        form = launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+    except launch.LaunchRefused as err:
+        expect = case["expect"]
+        assert expect.startswith("refused:"), f"{case['id']} refused: {err}"
+        # refusals by form name it; parser-level refusals come later (classify passes them)
+        assert expect.split(":", 1)[1].strip() in str(err), str(err)
+        return
+    assert form.prefix == command.flags and form.path == command.path
+    assert form.argv[:form.start] == command.argv[:form.start]
+
+
+def _derive_all(version, table):
+    """(case, form, derived | LaunchRefused) for every case that classifies."""
+    out = []
+    for case in CORPUS:
+        command = _command(case)
+        try:
+            form = launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+        except launch.LaunchRefused:
+            continue
+        try:
+            derived = launch.derive(form, table, FLAGS, carry=CARRY, version=version)
+        except launch.LaunchRefused as err:
+            derived = err
+        out.append((case, form, derived))
+    return out
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+@pytest.mark.parametrize("version", SGLANG_VERSIONS)
+def test_corpus_round_trips_through_real_parser(version):
+    from fleetspec.lab.envs import local_env
+
+    python = str(local_env(version))
+    table = launch.load_table(version)
+    assert table is not None, f"no packaged option table for {version}"
+    results = _derive_all(version, table)
+    batch = [["--model-path", "/m", *FLAGS]]
+    for case, form, derived in results:
+        batch.append(launch.parsed_args(form, form.argv, version))
+        if not isinstance(derived, launch.LaunchRefused):
+            batch.append(launch.parsed_args(form, derived.argv, version))
+    # one python: the option dump (is the packaged table the real parser's?) and every parse
+    done = subprocess.run([python, "-c", launch.DUMP_SCRIPT + REAL_PARSE], input=json.dumps(batch),
+                          capture_output=True, text=True, timeout=600, cwd="/")
+    line = [x for x in done.stdout.splitlines() if x.startswith("REAL ")]
+    assert line, done.stderr[-2000:]
+    real = json.loads(line[-1][5:])
+    reference = real.pop(0)
+    assert reference["ok"], reference
+    checked = {"moved": 0, "refused": 0}
+    for case, form, derived in results:
+        expect = _expect(case, version)
+        before = real.pop(0)
+        if isinstance(derived, launch.LaunchRefused):
+            assert expect.startswith("refused:"), f"{case['id']} on {version}: refused ({derived}), expected moved"
+            assert expect.split(":", 1)[1].strip() in str(derived), f"{case['id']}: {derived}"
+            # a parser-level refusal: sglang itself refuses the baseline too (or it is --config)
+            assert not before["ok"] or "--config" in str(derived), f"{case['id']}: real parser accepts it"
+            checked["refused"] += 1
+            continue
+        after = real.pop(0)
+        assert expect == "moved", f"{case['id']} on {version}: moved, expected {expect}"
+        _check_moved(case, form, derived, before, after, reference, version)
+        checked["moved"] += 1
+    assert not real
+    assert checked["moved"] >= 15 and checked["refused"] >= 4, checked
+    # The packaged table is the real parser's, not a stale copy.
+    assert launch.parse_dump(done.stdout).to_dict() == table.to_dict()
+
+
+def _check_moved(case, form, derived, before, after, reference, version):
+    cid = f"{case['id']} on {version}"
+    # render -> systemd's parse -> the process's argv: byte-exact, prefix and executable kept
+    line = render.exec_line(derived.argv, form.prefix, form.path if "@" in form.prefix else None)
+    back = unitfile.effective_exec_command(f"[Service]\nExecStart=\nExecStart={line}\n")
+    assert list(back.argv) == derived.argv, cid
+    assert back.flags == form.prefix and back.path == form.path, cid
+    assert derived.argv[:form.start] == list(form.argv[:form.start]), cid
+    assert before["ok"], f"{cid}: real parser refuses the baseline ({before['error']}) but fleetspec moved it"
+    assert after["ok"], f"{cid}: real parser refuses the derived command: {after['error']}"
+    old, new, ref = before["ns"], after["ns"], reference["ns"]
+    carried = {d for d in ("speculative_draft_attention_backend", "speculative_moe_runner_backend",
+                           "speculative_moe_a2a_backend")}
+    for dest in set(old) | set(new):
+        if dest.startswith(launch.SPEC_DEST_PREFIX):
+            want = old[dest] if dest in carried else ref[dest]
+            assert new[dest] == want, f"{cid}: {dest} is {new[dest]}, expected {want}"
+        else:
+            assert new[dest] == old[dest], f"{cid}: non-speculative {dest} changed {old[dest]} -> {new[dest]}"
+    # the algorithm as written, and as the real parser read it
+    assert repr(derived.algorithm) == old["speculative_algorithm"], cid
+    if "algorithm" in case:
+        assert derived.algorithm == case["algorithm"], cid
+    assert sorted(t[0] for t in derived.carried) == sorted(case.get("carried", [])), cid
+    env = _environment(case)
+    assert [n for n in launch.speculative_env(list(env)) if launch.SIMULATED.match(n)] == case.get("simulated", []), cid
+    if "env_dropped" in case:
+        assert set(case["env_dropped"]) <= set(launch.speculative_env(list(env))), cid
