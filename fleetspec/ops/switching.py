@@ -265,27 +265,30 @@ def activate(t, state: HostState, release: Release, after_files=None) -> None:
 def loaded_exec_start_mismatch(t, service: str, release: Release) -> str | None:
     """After daemon-reload, before the restart: does systemd now hold the derived ExecStart?
     An admin drop-in applied after fleetspec's (or one created since preflight) would leave the old
-    command in place and the restart would serve it. None when it matches; else what systemd holds.
-
-    systemctl show joins argv[] with spaces and keeps `$$` as stored, so the comparison is made
-    against the same stored form of the rendered line."""
+    command in place and the restart would serve it. None when it matches; else what differs."""
     from fleetspec.remote.facts import systemd as systemd_fact
+
+    unit = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
+    return exec_start_mismatch(unit.exec_start, release.argv, release.exec_prefix, release.exec_path)
+
+
+def exec_start_mismatch(shown: list, argv: list[str], prefix: str = "", path: str | None = None) -> str | None:
+    """Compare `systemctl show -p ExecStart` (facts.systemd ExecInfo list) with the command fleetspec
+    rendered. systemctl joins argv[] with spaces and prints it as stored (`$$` not yet expanded),
+    so the comparison is made against the same stored form of the rendered line (pure)."""
     from fleetspec.remote.facts import unitfile
 
-    line = render.exec_line(release.argv, release.exec_prefix, release.exec_path)
-    want = unitfile.parse_exec(line)[0]
-    unit = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
-    got = unit.exec_start
-    if len(got) != 1:
-        return f"systemd holds {len(got)} ExecStart= commands after daemon-reload (expected 1)"
-    shown = got[0]
+    want = unitfile.parse_exec(render.exec_line(argv, prefix, path))[0]
+    if len(shown) != 1:
+        return f"systemd holds {len(shown)} ExecStart= commands (expected 1)"
+    got = shown[0]
     problems = []
-    if " ".join(shown.argv) != " ".join(want.argv):
-        problems.append(f"argv is {' '.join(shown.argv)[:300]!r}")
-    if want.path.startswith("/") and shown.path != want.path:
-        problems.append(f"path is {shown.path!r}, expected {want.path!r}")
-    if shown.ignore_errors != ("-" in release.exec_prefix):
-        problems.append(f"ignore_errors={'yes' if shown.ignore_errors else 'no'}")
+    if " ".join(got.argv) != " ".join(want.argv):
+        problems.append(f"argv is {' '.join(got.argv)[:300]!r}")
+    if want.path.startswith("/") and got.path != want.path:
+        problems.append(f"path is {got.path!r}, expected {want.path!r}")
+    if got.ignore_errors != ("-" in prefix):
+        problems.append(f"ignore_errors={'yes' if got.ignore_errors else 'no'}")
     return "; ".join(problems) or None
 
 

@@ -179,3 +179,42 @@ def _check_moved(case, form, derived, before, after, reference, version):
     assert [n for n in launch.speculative_env(list(env)) if launch.SIMULATED.match(n)] == case.get("simulated", []), cid
     if "env_dropped" in case:
         assert set(case["env_dropped"]) <= set(launch.speculative_env(list(env))), cid
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("version", SGLANG_VERSIONS)
+def test_smoke_parses_exactly_the_entry_points_slice(version):
+    """The deploy's parse_args smoke test gets the words sglang's entry point hands its parser:
+    `sglang serve MODEL …` (0.5.23) and `python -u -m sglang.launch_server …` both parse; the
+    words before the slice (`serve`, the interpreter's options) never reach the parser."""
+    from types import SimpleNamespace
+
+    from fleetspec.lab.envs import local_env
+    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.switching import _SMOKE_RUNNER
+
+    table = launch.load_table(version)
+    units = ["/v/bin/python3 -u -X faulthandler -m sglang.launch_server --model-path /m --speculative-algo EAGLE --port 1",
+             "/v/bin/sglang serve --model-type llm --model-path /m --speculative-algorithm EAGLE --port 1"]
+    if launch.serve_positional(version):
+        units.append("/v/bin/sglang serve /m --port 1 --speculative-num-steps 3")
+    scripts = []
+    for i, words in enumerate(units):
+        form = launch.classify(words.split())
+        derived = launch.derive(form, table, FLAGS, version=version)
+        pf = Preflight(host=None, root=Path("."), playbook=SimpleNamespace(smoke=SimpleNamespace(
+            imports=(), parse_args=True, ddtree_sample=False, kernels=False)), service="s", python="p", unit=None,
+            unit_bytes=b"", dropins={}, exec_argv=list(form.argv), sglang=SimpleNamespace(version=version),
+            torch=None, hybrid=False, options=None, new_argv=derived.argv, patchset=None, kernels=[], form=form)
+        (name, script, _), = pf.smoke_scripts(kernels_dir="/k")
+        words_parsed = pf.parse_slice()
+        assert " ".join(FLAGS) in " ".join(words_parsed) and words_parsed[0].startswith("--")
+        assert "serve" not in words_parsed and "-u" not in words_parsed and "--model-type" not in words_parsed
+        scripts.append([f"{name}{i}", script])
+    done = subprocess.run([str(local_env(version)), "-c", _SMOKE_RUNNER], input=json.dumps(scripts),
+                          capture_output=True, text=True, timeout=600, cwd="/")
+    ran = json.loads([x for x in done.stdout.splitlines() if x.startswith("FLEETSPEC-SMOKE ")][-1].split(" ", 1)[1])
+    assert len(ran) == len(scripts)
+    for name, (code, out) in ran.items():
+        assert code == 0, f"{name}: {out[-500:]}"
+        assert json.loads(out.strip().splitlines()[-1])["speculative_algorithm"] == "DFLASH"
