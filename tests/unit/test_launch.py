@@ -207,3 +207,54 @@ def test_speculation_only_environment_is_listed_and_unset(tmp_path):
     g = form(f"/usr/bin/env SGLANG_ENABLE_SPEC_V2=1 {PY} -m sglang.launch_server --model-path m")
     with pytest.raises(UserError, match="through `env`"):
         argv_ops.plan_launch(g, T23, FLAGS, playbook, "0.5.23", {}, "h: s")
+
+
+def _preflight(form_, new_argv, launch_dict):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from fleetspec.model.release import Release
+    from fleetspec.ops.preflight import Preflight
+
+    root = Path(__file__).parents[2]
+    playbook = load_playbook(root / "playbooks" / "ddtree.yaml")
+    pf = Preflight(host=SimpleNamespace(name="h"), root=root, playbook=playbook, service="sglang-x.service",
+                   python=PY, unit=None, unit_bytes=b"", dropins={}, exec_argv=list(form_.argv),
+                   sglang=SimpleNamespace(version="0.5.23"), torch=None, hybrid=False, options=None,
+                   new_argv=new_argv, patchset=None, kernels=[], form=form_)
+    release = Release(id="r1", host="h", service=pf.service, algo="ddtree", mode="release", sglang_version="0.5.23",
+                      argv=new_argv, previous="baseline", exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
+                      launch=launch_dict)
+    return pf, release
+
+
+def test_rendered_dropin_keeps_prefix_path_and_unsets_speculation_env():
+    """The drop-in as systemd reads it after the unit: the derived command with `-@`, its
+    executable and argv[0] kept; the dropped speculation-only variables unset."""
+    from fleetspec.ops.switching import dropin_text
+
+    unit = ("[Service]\nEnvironment=SGLANG_ENABLE_SPEC_V2=1\n"
+            "ExecStart=-@/opt/venv/bin/python sglang-r1 -m sglang.launch_server --model-path /m "
+            "--speculative-algorithm EAGLE --served-model-name 50%%$$x\n")
+    cmd = unitfile.effective_exec_command(unit)
+    f = launch.classify(list(cmd.argv), path=cmd.path, prefix=cmd.flags)
+    d = launch.derive(f, T23, FLAGS)
+    pf, release = _preflight(f, d.argv, {"env_dropped": ["SGLANG_ENABLE_SPEC_V2"]})
+    text = dropin_text(pf, release)
+    assert "UnsetEnvironment=SGLANG_ENABLE_SPEC_V2" in text
+    got = unitfile.effective_exec_command(unit, [text])
+    assert (got.flags, got.path, list(got.argv)) == ("-@", "/opt/venv/bin/python", d.argv)
+    assert d.argv[:4] == ["sglang-r1", "-m", "sglang.launch_server", "--model-path"]
+
+
+def test_dropin_order_is_checked_at_preflight():
+    from types import SimpleNamespace
+
+    from fleetspec.ops.preflight import check_dropin_order
+
+    host = SimpleNamespace(name="h")
+    ok = SimpleNamespace(dropin_paths=["/etc/systemd/system/s.d/override.conf", f"/etc/systemd/system/s.d/{DROPIN_NAME}"])
+    check_dropin_order(ok, host, "s")
+    late = SimpleNamespace(dropin_paths=["/etc/systemd/system/s.d/zzz-local.conf"])
+    with pytest.raises(UserError, match="zzz-local.conf sorts after fleetspec's"):
+        check_dropin_order(late, host, "s")

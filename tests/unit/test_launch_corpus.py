@@ -218,3 +218,24 @@ def test_smoke_parses_exactly_the_entry_points_slice(version):
     for name, (code, out) in ran.items():
         assert code == 0, f"{name}: {out[-500:]}"
         assert json.loads(out.strip().splitlines()[-1])["speculative_algorithm"] == "DFLASH"
+
+
+@pytest.mark.sglang
+def test_unknown_version_reads_the_hosts_own_parser(tmp_path, inventory_writer, sshd, ssh_client_key):
+    """A version fleetspec has no table for: the host's python dumps its parser over SSH (real sshd)."""
+    from fleetspec.errors import UserError
+    from fleetspec.lab.envs import local_env
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.ops.argv import option_table
+    from fleetspec.remote.transport import Transport
+
+    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key,
+                                           command_timeout=330)).hosts["h"]
+    t = Transport(host)
+    try:
+        got = option_table(t, str(local_env("0.5.23")), "9.9.9", "h")
+        assert got.to_dict() == launch.load_table("0.5.23").to_dict()
+        with pytest.raises(UserError, match="h: cannot read sglang 9.9.9's option parser"):
+            option_table(t, "/nonexistent/python3", "9.9.9", "h")
+    finally:
+        t.close()
