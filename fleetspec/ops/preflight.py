@@ -207,6 +207,7 @@ def run(t, req, echo=print) -> Preflight:
     exec_argv = list(command.argv)
     form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
     check_dropin_order(unit, host, service)
+    overriding = admin_exec_start_dropins(unit, dropin_texts)
     check_interrupted(state, host.name)
     mirrored = HostState(t, host.name, service, mirror=req.root / ".fleetspec" / "hosts" / host.name / service)
     check_unit_drift(mirrored, host.name, service, unit_bytes, dropins)
@@ -226,6 +227,8 @@ def run(t, req, echo=print) -> Preflight:
     hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
     options = argv_ops.resolve_options(playbook, req.options, hybrid)
     notes = [f"{host.name}: {n}" for n in options.notes]
+    notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
+                 f"replaces that command, and rollback puts it back" for p in overriding)
     flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
     table = argv_ops.option_table(t, python, sg.version, host.name)
     launch = argv_ops.plan_launch(form, table, flags, playbook, sg.version, dict(getattr(unit, "environment", {}) or {}),
@@ -287,6 +290,19 @@ def check_dropin_order(unit, host, service: str) -> None:
         raise UserError(f"{host.name}: {service}: the drop-in {later[0]} sorts after fleetspec's "
                         f"({DROPIN_NAME}) and would override its ExecStart=; rename it so it sorts before "
                         f"{DROPIN_NAME} (e.g. 40-…conf)")
+
+
+def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
+    """The admin drop-ins (fleetspec's excluded, in systemd's order) that set ExecStart=."""
+    paths = [p for p in unit.dropin_paths if not is_ours(p)]
+    out = []
+    for path, text in zip(paths, dropin_texts):
+        try:
+            if unitfile.parse_unit(text).values("Service", "ExecStart"):
+                out.append(path)
+        except ValueError:
+            out.append(path)
+    return out
 
 
 def check_orphan_dropin(state: HostState, unit, host) -> None:

@@ -119,6 +119,8 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = "managed by fleetspec" + (f", {n} files differ" if n else "")
         else:
             row.drift = f"{n} files differ" if n else "pristine"
+    if not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
+        row.notes.extend(_dropin_notes(host, unit.dropin_paths))
     if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
         try:
             row.unit_drift = _unit_drift(t, host, files)
@@ -130,6 +132,22 @@ def _fill(row: HostStatus, t, host: Host) -> None:
                              f"fleetspec baseline {host.name} --retake")
 
     _probe_http(row, t, host, declared)
+
+
+def _dropin_notes(host: Host, paths: list[str]) -> list[str]:
+    """fleetspec's drop-in under its pre-rename name (still in force; the next deploy or rollback
+    renames it), and admin drop-ins systemd applies after fleetspec's (their ExecStart= would win)."""
+    from fleetspec.ops.hoststate import LEGACY_DROPIN_NAMES, sorts_after_ours
+
+    out = []
+    for path in paths:
+        if PurePosixPath(path).name in LEGACY_DROPIN_NAMES:
+            out.append(f"{host.name}: fleetspec's drop-in has its old name {path}; the next deploy or rollback "
+                       f"renames it")
+        elif sorts_after_ours(path):
+            out.append(f"{host.name}: the admin drop-in {path} sorts after fleetspec's; a deploy is refused "
+                       f"until it is renamed")
+    return out
 
 
 def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:

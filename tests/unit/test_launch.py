@@ -258,3 +258,18 @@ def test_dropin_order_is_checked_at_preflight():
     late = SimpleNamespace(dropin_paths=["/etc/systemd/system/s.d/zzz-local.conf"])
     with pytest.raises(UserError, match="zzz-local.conf sorts after fleetspec's"):
         check_dropin_order(late, host, "s")
+
+
+def test_admin_exec_start_dropins_are_reported_and_legacy_name_noted():
+    from types import SimpleNamespace
+
+    from fleetspec.ops.preflight import admin_exec_start_dropins
+    from fleetspec.ops.status import _dropin_notes
+
+    d = "/etc/systemd/system/s.service.d"
+    unit = SimpleNamespace(dropin_paths=[f"{d}/10-env.conf", f"{d}/override.conf", f"{d}/{DROPIN_NAME}"])
+    texts = ["[Service]\nEnvironment=A=1\n", "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m x\n"]
+    assert admin_exec_start_dropins(unit, texts) == [f"{d}/override.conf"]
+    host = SimpleNamespace(name="h")
+    notes = _dropin_notes(host, [f"{d}/50-fleetspec.conf", f"{d}/zzz.conf", f"{d}/override.conf"])
+    assert len(notes) == 2 and "old name" in notes[0] and "zzz.conf sorts after" in notes[1]
