@@ -493,6 +493,7 @@ def take_baseline(t, pf: Preflight) -> Baseline:
         sglang={"version": pf.sglang.version, "site_packages": pf.sglang.site_packages,
                 "python": pf.python, "drift": list(pf.sglang.drift)},
         served_algorithm=served,
-        declared_algorithm=pf.launch.derived.algorithm if pf.launch else argv_ops.speculative_algorithm_from_argv(pf.exec_argv),
+        declared_algorithm=(pf.launch.derived.algorithm if getattr(pf, "launch", None)
+                            else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
         taken_at=time.time(), taken_by=actor(),
     )
