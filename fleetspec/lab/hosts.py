@@ -34,6 +34,10 @@ class HostState:
     pid: int
     cgroups: list[str]
     started: float
+    root: str = ""  # the fleet root whose `lab up` booted it ("" for states written before this field)
+
+    def owned_by(self, root: Path | str | None) -> bool:
+        return root is None or not self.root or self.root == str(Path(root).resolve())
 
     @staticmethod
     def load(name: str) -> "HostState | None":
@@ -53,6 +57,16 @@ def host_dir(name: str) -> Path:
 def known() -> list[str]:
     folder = RUN / "hosts"
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def running(root: Path | str | None = None) -> list[str]:
+    """Running lab hosts, only those booted for `root` when it is given."""
+    out = []
+    for name in known():
+        state = HostState.load(name)
+        if is_running(state) and state.owned_by(root):
+            out.append(name)
+    return out
 
 
 def is_running(state: HostState | None) -> bool:
@@ -120,7 +134,7 @@ def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes
         _write(upper, lowers, f"{site}/{rel}", data)
 
 
-def boot(name: str, address: str, profile: profiles.Profile) -> HostState:
+def boot(name: str, address: str, profile: profiles.Profile, root: Path | str = "") -> HostState:
     hd = host_dir(name)
     for sub in ("work", "merged"):
         (hd / sub).mkdir(parents=True, exist_ok=True)
@@ -142,7 +156,7 @@ def boot(name: str, address: str, profile: profiles.Profile) -> HostState:
     finally:
         console.close()
     state = HostState(name, address, profile.like, profile.version, proc.pid,
-                      [str(p) for p in paths], time.time())
+                      [str(p) for p in paths], time.time(), str(Path(root).resolve()) if root else "")
     state.save()
     return state
 

@@ -56,26 +56,29 @@ def up(root: Path, names=DEFAULT_HOSTS, log=print, boot_timeout: float = 60.0) -
         client = keys.client_key(root)
         network.ensure_bridge()
         addresses, started, reused = {}, [], []
-        for name in hosts.known():
-            state = hosts.HostState.load(name)
-            if hosts.is_running(state) and name not in names:
-                addresses[name] = state.address  # keep other running hosts in the inventory
+        for name in hosts.running(root):
+            if name not in names:
+                addresses[name] = hosts.HostState.load(name).address  # this root's other hosts stay listed
+        taken = {hosts.HostState.load(n).address for n in hosts.running()} - set(addresses.values())
         for name in names:
             state = hosts.HostState.load(name)
+            if hosts.is_running(state) and not state.owned_by(root):
+                raise UserError(f"lab host {name} is running for another fleet root ({state.root}); pick other "
+                                f"names (--hosts, FLEETSPEC_LAB_HOSTS) or stop it there with `fleetspec lab down`")
             if hosts.is_running(state) and state.profile == chosen[name].like:
                 addresses[name] = state.address
                 reused.append(name)
                 continue
             if state is not None or hosts.host_dir(name).exists():
                 hosts.stop(name)
-            addresses[name] = profiles.address(name, set(addresses.values()) | {"10.200.0.1"})
+            addresses[name] = profiles.address(name, set(addresses.values()) | taken | {"10.200.0.1"})
         keys.write_known_hosts(root, addresses)
         for name in names:
             if name in reused:
                 continue
             hk = keys.host_key(root, name)
             hosts.populate(name, chosen[name], root, client.with_suffix(".pub").read_bytes(), hk)
-            hosts.boot(name, addresses[name], chosen[name])
+            hosts.boot(name, addresses[name], chosen[name], root)
             started.append(name)
         for name in names:
             wait_ready(root, name, addresses[name], boot_timeout)
@@ -105,33 +108,47 @@ def wait_ready(root: Path, name: str, address: str, timeout: float) -> None:
     raise UserError(f"lab host {name} ({address}) not ready after {timeout:.0f} s (last: {last or 'no answer'})")
 
 
-def down(root: Path | None = None, log=print) -> list[str]:
-    """Remove every lab host, cgroup, namespace and the bridge; returns anything left behind."""
+def down(root: Path | None = None, log=print, everything: bool = False) -> list[str]:
+    """Stop the lab hosts that `root`'s `lab up` booted (every host when root is None or
+    `everything`), and, once no lab host is left running, the shared debris: leftover namespaces
+    and cgroups of crashed runs and the bridge. Another checkout's hosts are never touched."""
     require_root()
     problems = []
+    scope = None if everything else root
     with _locked():
-        names = set(hosts.known())
-        names.update(ns[len(network.NS_PREFIX):] for ns in network.lab_namespaces())
+        names = set(n for n in hosts.known() if (s := hosts.HostState.load(n)) is None or s.owned_by(scope))
+        if scope is None:
+            names.update(ns[len(network.NS_PREFIX):] for ns in network.lab_namespaces())
         for name in sorted(names):
             problems += hosts.stop(name)
-        for path in cgroups.leftovers():
-            problems += cgroups.remove(sorted(p for p in path.iterdir() if p.is_dir())) if path.is_dir() else []
-            try:
-                path.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as err:
-                problems.append(f"{path}: {err}")
-        network.remove_bridge()
-        netns_dir = Path("/run/netns")
-        if netns_dir.is_dir() and not any(netns_dir.iterdir()):
-            subprocess.run(["umount", str(netns_dir)], capture_output=True)
-            try:
-                netns_dir.rmdir()
-            except OSError:
-                pass
+        if not hosts.running():
+            problems += _remove_shared_debris()
         if root is not None:
-            inventory.remove(root)
+            left = {n: hosts.HostState.load(n).address for n in hosts.running(root)}
+            inventory.write(root, left) if left else inventory.remove(root)
+    return problems
+
+
+def _remove_shared_debris() -> list[str]:
+    problems = []
+    for ns in network.lab_namespaces():
+        problems += hosts.stop(ns[len(network.NS_PREFIX):])
+    for path in cgroups.leftovers():
+        problems += cgroups.remove(sorted(p for p in path.iterdir() if p.is_dir())) if path.is_dir() else []
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            problems.append(f"{path}: {err}")
+    network.remove_bridge()
+    netns_dir = Path("/run/netns")
+    if netns_dir.is_dir() and not any(netns_dir.iterdir()):
+        subprocess.run(["umount", str(netns_dir)], capture_output=True)
+        try:
+            netns_dir.rmdir()
+        except OSError:
+            pass
     return problems
 
 

@@ -21,9 +21,10 @@ UNIT = f"/etc/systemd/system/{SERVICE}"
 DROPINS = f"/etc/systemd/system/{SERVICE}.d"
 STATE = "/var/lib/fleetspec/sglang-qwen"
 PY = CT200_ARGV[0]
+ARGV0 = PY.rsplit("/", 1)[0] + "/python"     # another name of the same venv interpreter
 ARGS = CT200_ARGV[3:]                     # after `python3 -m sglang.launch_server`
 TREE = ("find /etc/systemd/system /var/lib/fleetspec -type f -print0 2>/dev/null | sort -z | xargs -0 sha256sum; "
-        f"systemctl show -p ExecStart --value {SERVICE}")
+        f"systemctl show -p ExecStart --value {SERVICE} | sed 's/ ; start_time=.*//'")   # runtime fields cut
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def _install(fleet, name, unit: str, dropins: dict[str, str], restart: bool = Tr
         fs(fleet, "baseline", name, "--retake", check_rc=0)
 
 
-def _wait(fleet, name, deadline=240):
+def _wait(fleet, name, deadline=90):
     import json
     import time
 
@@ -83,30 +84,32 @@ def test_refused_forms_leave_the_host_unchanged(lab_fleet, host):
     wrapped = "/bin/bash -c 'exec " + " ".join([PY, "-m", "sglang.launch_server", *ARGS]) + "'"
     _install(lab_fleet, host, _unit_with(wrapped), {}, restart=False)    # running, unit rewritten
     before = sh(lab_fleet, host, TREE)
-    r = fs(lab_fleet, "deploy", host, "--algo", "dflash", "--yes", "--no-gates")
+    r = fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates")
     assert r.returncode == 2 and "shell wrapper" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert sh(lab_fleet, host, TREE) == before
 
     _install(lab_fleet, host, unit_text(PROFILES["ct200"]), {"zzz-local.conf": "[Service]\nLimitNOFILE=65536\n"})
     before = sh(lab_fleet, host, TREE)
-    r = fs(lab_fleet, "deploy", host, "--algo", "dflash", "--yes", "--no-gates")
+    r = fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates")
     assert r.returncode == 2 and "zzz-local.conf sorts after fleetspec's" in r.stderr, r.stderr
     assert sh(lab_fleet, host, TREE) == before
 
 
 def test_override_dropin_with_at_prefix_is_beaten_and_rolled_back_exactly(lab_fleet, host):
-    """`systemctl edit` writes override.conf; here it sets `-@python sglang-ct200 -m …`."""
-    override = "[Service]\nExecStart=\nExecStart=-@" + PY + " sglang-ct200 -m sglang.launch_server " + " ".join(ARGS) + "\n"
+    """`systemctl edit` writes override.conf; here it sets `-@<venv>/python3 <venv>/python -m …`.
+    (argv[0] must stay a path into the venv: python finds its venv from argv[0], so a bare name
+    such as `sglang-r1` loses site-packages — seen on this host: "No module named 'sglang'".)"""
+    override = "[Service]\nExecStart=\nExecStart=-@" + PY + " " + ARGV0 + " -m sglang.launch_server " + " ".join(ARGS) + "\n"
     _install(lab_fleet, host, unit_text(PROFILES["ct200"]), {"override.conf": override})
     shown = sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
-    assert f"path={PY} ; argv[]=sglang-ct200 -m" in shown and "ignore_errors=yes" in shown
+    assert f"path={PY} ; argv[]={ARGV0} -m" in shown and "ignore_errors=yes" in shown
     before = sh(lab_fleet, host, TREE)
-    r = fs(lab_fleet, "deploy", host, "--algo", "dflash", "--yes", "--no-gates", check_rc=0)
+    r = fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", check_rc=0)
     assert "healthy" in r.stdout
     dropin = sh(lab_fleet, host, f"cat {DROPINS}/zz-fleetspec.conf")
-    assert f"\nExecStart=-@{PY} sglang-ct200 -m sglang.launch_server " in dropin
+    assert f"\nExecStart=-@{PY} {ARGV0} -m sglang.launch_server " in dropin
     shown = sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
-    assert f"path={PY} ; argv[]=sglang-ct200 -m sglang.launch_server" in shown and "ignore_errors=yes" in shown
+    assert f"path={PY} ; argv[]={ARGV0} -m sglang.launch_server" in shown and "ignore_errors=yes" in shown
     assert "--speculative-num-draft-tokens" not in shown        # the baseline's group was replaced
     assert sorted(sh(lab_fleet, host, f"ls -A {DROPINS}").split()) == ["override.conf", "zz-fleetspec.conf"]
     fs(lab_fleet, "rollback", host, check_rc=0)
@@ -121,7 +124,7 @@ def test_sglang_serve_unit_deploys_and_rolls_back_exactly(lab_fleet, host):
     serve = " ".join([f"{venv_bin}/sglang", "serve", ARGS[1], *ARGS[2:]])     # `sglang serve MODEL …`
     _install(lab_fleet, host, _unit_with(serve), {})
     before = sh(lab_fleet, host, TREE)
-    r = fs(lab_fleet, "deploy", host, "--algo", "dflash", "--yes", "--no-gates", check_rc=0)
+    r = fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", check_rc=0)
     assert "healthy" in r.stdout
     shown = sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
     assert f"argv[]={venv_bin}/sglang serve {ARGS[1]} " in shown
