@@ -13,7 +13,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from fleetspec.errors import NeedsAttention, RemoteError, UserError
 from fleetspec.model import ledger as L
