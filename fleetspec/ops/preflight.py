@@ -231,8 +231,9 @@ def run(t, req, echo=print) -> Preflight:
                  f"replaces that command, and rollback puts it back" for p in overriding)
     flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
     table = argv_ops.option_table(t, python, sg.version, host.name)
-    launch = argv_ops.plan_launch(form, table, flags, playbook, sg.version, dict(getattr(unit, "environment", {}) or {}),
-                                  f"{host.name}: {service}")
+    # the operator's environment, from the unit files (fleetspec's own drop-in left out)
+    environment = unitfile.effective_environment(unit_bytes.decode(errors="replace"), dropin_texts)
+    launch = argv_ops.plan_launch(form, table, flags, playbook, sg.version, environment, f"{host.name}: {service}")
     new_argv = launch.derived.argv
     notes.extend(f"{host.name}: {n}" for n in launch.notes)
 

@@ -273,3 +273,11 @@ def test_admin_exec_start_dropins_are_reported_and_legacy_name_noted():
     host = SimpleNamespace(name="h")
     notes = _dropin_notes(host, [f"{d}/50-fleetspec.conf", f"{d}/zzz.conf", f"{d}/override.conf"])
     assert len(notes) == 2 and "old name" in notes[0] and "zzz.conf sorts after" in notes[1]
+
+
+def test_baseline_environment_comes_from_the_unit_files_not_from_fleetspecs_dropin():
+    unit = ('[Service]\nEnvironment=A=1 "SGLANG_ENABLE_SPEC_V2=1" B=5%%\nEnvironment=C=3\n')
+    admin = "[Service]\nUnsetEnvironment=C\nEnvironment=SGLANG_SIMULATE_ACC_LEN=2\n"
+    assert unitfile.effective_environment(unit, [admin]) == {"A": "1", "SGLANG_ENABLE_SPEC_V2": "1", "B": "5%",
+                                                             "SGLANG_SIMULATE_ACC_LEN": "2"}
+    assert unitfile.effective_environment(unit, ["[Service]\nEnvironment=\n"]) == {}

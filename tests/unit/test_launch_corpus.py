@@ -19,7 +19,6 @@ import yaml
 from fleetspec import render
 from fleetspec.lab.envs import SGLANG_VERSIONS
 from fleetspec.model import launch
-from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import unitfile
 
 CORPUS = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "execstart_corpus.yaml").read_text())
@@ -55,12 +54,7 @@ def _command(case):
 
 
 def _environment(case) -> dict:
-    env = {}
-    for value in unitfile.parse_unit(case["unit"]).values("Service", "Environment"):
-        for word in systemd_fact.split_words(value):
-            name, _, val = word.partition("=")
-            env[name] = val.strip('"')
-    return env
+    return unitfile.effective_environment(case["unit"])
 
 
 def test_corpus_is_real_and_large_enough():

@@ -253,6 +253,30 @@ def exec_start_of(unit_texts: list[str], specifiers: dict[str, str] | None = Non
     return commands
 
 
+def effective_environment(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """Environment= of a unit file and its drop-ins in order (an empty assignment resets the list;
+    UnsetEnvironment= removes names). EnvironmentFile= contents are not read."""
+    env: dict[str, str] = {}
+    for text in [unit_text, *dropin_texts]:
+        for key, value in parse_unit(text).sections.get("Service", []):
+            if key == "Environment":
+                if value == "":
+                    env = {}
+                    continue
+                i = 0
+                while True:
+                    word, i = extract_word(value, i)
+                    if word is None:
+                        break
+                    name, sep, val = word.partition("=")
+                    if sep:
+                        env[name] = val.replace("%%", "%")
+            elif key == "UnsetEnvironment":
+                for name in value.split():
+                    env.pop(name.partition("=")[0], None)
+    return env
+
+
 def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
                            specifiers: dict[str, str] | None = None) -> ExecCommand:
     """The one ExecStart= command the service runs: its prefix flags, the executable path (which
