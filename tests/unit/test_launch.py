@@ -281,3 +281,13 @@ def test_baseline_environment_comes_from_the_unit_files_not_from_fleetspecs_drop
     assert unitfile.effective_environment(unit, [admin]) == {"A": "1", "SGLANG_ENABLE_SPEC_V2": "1", "B": "5%",
                                                              "SGLANG_SIMULATE_ACC_LEN": "2"}
     assert unitfile.effective_environment(unit, ["[Service]\nEnvironment=\n"]) == {}
+
+
+def test_simulated_acceptance_makes_every_gate_inconclusive_and_blocking():
+    from fleetspec.ops.gates import INCONCLUSIVE, PASS, Verdict, fail_closed_if_simulated
+
+    verdicts = [Verdict("acceptance", PASS), Verdict("throughput", PASS, dry_run=True), Verdict("parity", PASS)]
+    assert fail_closed_if_simulated(verdicts, ()) == verdicts
+    out = fail_closed_if_simulated(verdicts, ("SGLANG_SIMULATE_ACC_LEN",))
+    assert [v.verdict for v in out] == [INCONCLUSIVE] * 3 and all(v.blocks for v in out)
+    assert "SGLANG_SIMULATE_ACC_LEN" in out[0].reason
