@@ -131,3 +131,35 @@ def test_sglang_serve_unit_deploys_and_rolls_back_exactly(lab_fleet, host):
     fs(lab_fleet, "rollback", host, check_rc=0)
     keep = lambda text: [ln for ln in text.splitlines() if "/var/lib/fleetspec" not in ln]   # noqa: E731
     assert keep(sh(lab_fleet, host, TREE)) == keep(before)
+
+
+def test_admin_dropin_appearing_before_the_switch_stops_the_restart(lab_fleet, host):
+    """An admin drop-in that overrides ExecStart appears after preflight (a race, or an admin at
+    work): after daemon-reload systemd does not hold the derived command, so the deploy fails at
+    `switch` and reverts — it never restarts onto the old command."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "fleetspec", "--root", str(lab_fleet.root), "deploy", host,
+                             "--algo", "ddtree", "--yes", "--no-gates"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "FLEETSPEC_PAUSE_AT": "switch"})
+    seen, deadline = [], time.monotonic() + 600
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("FLEETSPEC-PAUSED switch"):
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    late = "[Service]\nExecStart=\nExecStart=" + " ".join([PY, "-m", "sglang.launch_server", *ARGS]) + "\n"
+    sh(lab_fleet, host, f"cat > {DROPINS}/zzz-late.conf <<'EOF_UNIT'\n{late}EOF_UNIT")
+    proc.send_signal(signal.SIGCONT)
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait(timeout=600) == 1, out
+    assert "does not hold the derived ExecStart" in out, out
+    shown = sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
+    assert "--speculative-algorithm DFLASH" in shown and "DDTREE" not in shown      # never served
+    assert sh(lab_fleet, host, f"ls -A {DROPINS}").split() == ["zzz-late.conf"]      # ours reverted
+    assert not sh(lab_fleet, host, f"readlink {STATE}/current || true").strip()
+    sh(lab_fleet, host, f"rm -f {DROPINS}/zzz-late.conf && systemctl daemon-reload")
