@@ -102,7 +102,7 @@ def fresh_hosts(hosts: list[str]) -> None:
     is a first contact), whatever an interrupted earlier run left."""
     from fleetspec.lab import lab, ssh
 
-    reset = ("rm -f /etc/systemd/system/sglang-qwen.service.d/50-fleetspec.conf && rm -rf /var/lib/fleetspec && "
+    reset = ("rm -f /etc/systemd/system/sglang-qwen.service.d/50-fleetspec.conf /etc/systemd/system/sglang-qwen.service.d/zz-fleetspec.conf && rm -rf /var/lib/fleetspec && "
              "systemctl daemon-reload && systemctl restart sglang-qwen.service")
     for host in hosts:
         ssh.run(ROOT, lab.address_of(host), reset, timeout=120)

@@ -56,14 +56,33 @@ def systemd_quote(arg: str) -> str:
     return _c_quoted(escaped) if _needs_quotes(arg) else escaped
 
 
-def exec_line(argv: Iterable[str]) -> str:
-    """The value of an ExecStart= line for this argv (no prefix characters)."""
+def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) -> str:
+    """The value of an ExecStart= line for this argv, with the unit's prefix characters kept.
+
+    With `@` the executable `path` is written first and argv[0] after it (a separate word); with
+    `:` systemd expands no `$`, so `$` is written as is (only `%` is doubled).
+    """
     argv = list(argv)
     if not argv:
         raise ValueError("empty argv")
-    if argv[0][:1] in EXEC_PREFIXES or not argv[0]:
-        raise ValueError(f"executable {argv[0]!r} must not be empty or start with one of {EXEC_PREFIXES}")
-    return " ".join(systemd_quote(a) for a in argv)
+    if set(prefix) - set(EXEC_PREFIXES) or "!!!" in prefix:
+        raise ValueError(f"ExecStart prefix {prefix!r} is not made of {EXEC_PREFIXES}")
+    words = ([path] if "@" in prefix else []) + argv
+    if "@" in prefix and not path:
+        raise ValueError("an @ prefix needs the executable path")
+    exe = words[0]
+    if exe[:1] in EXEC_PREFIXES or not exe:
+        raise ValueError(f"executable {exe!r} must not be empty or start with one of {EXEC_PREFIXES}")
+    quote = systemd_quote_noenv if ":" in prefix else systemd_quote
+    return prefix + " ".join(quote(a) for a in words)
+
+
+def systemd_quote_noenv(arg: str) -> str:
+    """An ExecStart= word under the `:` prefix (no `$` expansion): `%` doubled, `$` kept."""
+    if "\x00" in arg:
+        raise ValueError("a NUL byte cannot be passed in argv")
+    escaped = arg.replace("%", "%%")
+    return _c_quoted(escaped) if _needs_quotes(arg) else escaped
 
 
 def environment_line(name: str, value: str) -> str:

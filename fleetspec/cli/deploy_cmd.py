@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 import click
@@ -105,6 +106,17 @@ def _print_plan(o) -> None:
                f"(serves {p['expected_algorithm']})")
     for note in p["notes"]:
         click.echo(f"   note: {note}")
+    launch = p.get("launch")
+    if launch:
+        click.echo(f"-- ExecStart form: {launch['form']}" + (f" (prefix {launch['prefix']})" if launch["prefix"] else "")
+                   + f"; algorithm as written: {launch['baseline_algorithm'] or 'none'}")
+        for label, key in (("kept", "kept"), ("dropped", "dropped"), ("carried", "carried")):
+            words = " ".join(shlex.join(item) for item in launch[key])
+            click.echo(f"   {label}: {words or '-'}")
+        click.echo(f"   added: {shlex.join(launch['added']) or '-'}")
+        for label, key in (("env unset", "env_dropped"), ("env kept", "env_kept"), ("env simulated", "simulated_env")):
+            if launch[key]:
+                click.echo(f"   {label}: {', '.join(launch[key])}")
     click.echo(p["execstart_diff"].rstrip() or "   ExecStart unchanged")
     click.echo("-- drop-in to install:")
     click.echo(p["dropin"].rstrip())

@@ -36,11 +36,23 @@ class Flag:
     when: str | None = None
 
 
+# Speculative options of the baseline that describe the draft's runtime rather than the algorithm:
+# a DFlash-based drafter still needs them (the engine dies at init without them on some models).
+DEFAULT_CARRY = ("--speculative-draft-attention-backend", "--speculative-moe-runner-backend",
+                 "--speculative-moe-a2a-backend")
+
+
 @dataclass(frozen=True)
 class Launch:
     flags: tuple[Flag, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     secret_env: tuple[str, ...] = ()
+    # Which baseline speculative options survive (option strings or dests; the rest of the group
+    # whose dest starts with speculative_ is dropped), extra dests to drop with the group, and which
+    # speculation-only environment variables of the baseline stay (the others are unset).
+    carry: tuple[str, ...] = DEFAULT_CARRY
+    drop: tuple[str, ...] = ()
+    env_keep: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,8 +235,16 @@ def _launch(f: Fields) -> Launch:
         env[name] = str(value).lower() if isinstance(value, bool) else str(value)
     env_f.done()
     secret_env = f.str_list("secret_env")
+    carry = f.str_list("carry", DEFAULT_CARRY)
+    drop = f.str_list("drop")
+    env_keep = f.str_list("env_keep")
+    for key, names in (("carry", carry), ("drop", drop)):
+        for i, name in enumerate(names):
+            if not (name.startswith("--") or name.replace("_", "a").isalnum()):
+                f.fail(f"{key}[{i}]", f"expected an option string (--speculative-…) or a dest name, got {name!r}")
     f.done()
-    return Launch(flags=tuple(flags), env=MappingProxyType(env), secret_env=secret_env)
+    return Launch(flags=tuple(flags), env=MappingProxyType(env), secret_env=secret_env, carry=carry, drop=drop,
+                  env_keep=env_keep)
 
 
 def _tokens(items: list, f: Fields, key: str) -> tuple[str, ...]:

@@ -35,6 +35,9 @@ class Release:
     notes: list[str] = field(default_factory=list)
     site_packages: str | None = None                        # where in-place mode writes
     base_files: dict[str, str | None] = field(default_factory=dict)  # path -> base sha256 (None: added)
+    exec_prefix: str = ""          # the baseline ExecStart's prefix characters (-, @, :, +, !, !!), kept
+    exec_path: str | None = None   # the executable, when `@` makes argv[0] a separate name
+    launch: dict = field(default_factory=dict)   # form, kept/dropped/carried/added tokens, env verdicts
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

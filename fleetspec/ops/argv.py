@@ -1,20 +1,25 @@
-"""The new ExecStart argv, derived from the recorded one (pure).
+"""The new ExecStart argv, derived from the recorded one.
 
 The operator's ExecStart is the truth about everything except speculative decoding: every other
-argument is kept byte for byte; the speculative group (any `--speculative…` option, including
-argparse's unique prefixes such as `--speculative-algo`, in `--opt v` and `--opt=v` forms) is
-dropped, and the playbook's flags, rendered for the host, take its place.
+argument is kept byte for byte; the speculative group (every option whose argparse dest starts
+with speculative_ in the host version's real parser — fleetspec.model.launch) is dropped, the
+playbook's carried options (draft runtime backends) stay, and the playbook's flags, rendered for
+the host, take the group's place. `plan_launch` does that for a classified launch form;
+`derive_argv`/`split_speculative` are the prefix-based fallback used only where no parser table
+is at hand (reading an algorithm back in status).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import jinja2
 
 from fleetspec.errors import UserError
+from fleetspec.model import launch
 from fleetspec.model.playbook import Playbook
 
 SPEC_PREFIX = "--speculative"
@@ -85,6 +90,87 @@ def speculative_algorithm_from_argv(argv: Sequence[str]) -> str | None:
             elif i + 1 < len(argv) and not is_option(argv[i + 1]):
                 found = argv[i + 1]
     return found
+
+
+# Launch forms and the real parser's split -----------------------------------------------------
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What the deploy does to the command line and the environment, for the plan and the ledger."""
+
+    form: launch.LaunchForm
+    derived: launch.Derived
+    env_kept: tuple[str, ...] = ()        # speculation-only variables of the baseline that stay
+    env_dropped: tuple[str, ...] = ()     # … that the drop-in unsets (UnsetEnvironment=)
+    simulated: tuple[str, ...] = ()       # SGLANG_SIMULATE_ACC_*: every gate is inconclusive
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = self.derived
+        return {"form": self.form.label, "prefix": self.form.prefix, "path": self.form.path,
+                "kept": d.kept, "dropped": d.dropped, "carried": d.carried, "added": d.added,
+                "baseline_algorithm": d.algorithm, "env_kept": list(self.env_kept),
+                "env_dropped": list(self.env_dropped), "simulated_env": list(self.simulated)}
+
+
+def classify_or_refuse(command, where: str) -> launch.LaunchForm:
+    """The launch form of the baseline's ExecStart command (unitfile.ExecCommand), or a one-line
+    refusal (exit 2) naming the host, the service and the form."""
+    try:
+        return launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+    except launch.LaunchRefused as err:
+        raise UserError(f"{where}: {err}") from None
+
+
+def option_table(t, python: str, version: str, host: str) -> launch.OptionTable:
+    """The packaged table of this sglang version's parser; for a version fleetspec has no table of,
+    the host's own parser is asked (one python start, ~10 s)."""
+    table = launch.load_table(version)
+    if table is not None:
+        return table
+    r = t.run_script(f"cd / && timeout 300 {shlex.quote(python)} -c {shlex.quote(launch.DUMP_SCRIPT)}",
+                     timeout=330, check=False)
+    try:
+        table = launch.parse_dump(r.stdout)
+    except ValueError as err:
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
+        raise UserError(f"{host}: cannot read sglang {version}'s option parser with {python} ({err}: {tail})") from None
+    return table
+
+
+def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Sequence[str], playbook: Playbook,
+                version: str, environment: Mapping[str, str], where: str) -> LaunchPlan:
+    """Split the baseline with the real parser's table, derive the new argv, and decide the
+    speculation-only environment. Refusals name the host and service (exit 2)."""
+    try:
+        derived = launch.derive(form, table, flags, carry=playbook.launch.carry, drop=playbook.launch.drop,
+                                version=version)
+    except launch.LaunchRefused as err:
+        raise UserError(f"{where}: {err}") from None
+    keep = set(playbook.launch.env_keep)
+    head_env = [a.split("=", 1)[0] for a in form.env_assignments]
+    bad_head = [n for n in launch.speculative_env(head_env) if n not in keep]
+    if bad_head:
+        raise UserError(f"{where}: ExecStart sets {bad_head[0]} through `env`, which fleetspec cannot unset; "
+                        f"move it to an Environment= line (the playbook {playbook.path.name} drops it)")
+    names = [*environment, *head_env]
+    spec = launch.speculative_env(names)
+    kept = tuple(n for n in spec if n in keep or n in playbook.launch.env)
+    dropped = tuple(n for n in spec if n not in kept and n in environment)
+    simulated = tuple(n for n in names if launch.SIMULATED.match(n))
+    notes = []
+    if derived.dropped:
+        notes.append("speculative options dropped: " + " ".join(" ".join(i) for i in derived.dropped))
+    if derived.carried:
+        notes.append("speculative options carried over: " + " ".join(" ".join(i) for i in derived.carried))
+    if dropped:
+        notes.append("speculation-only environment unset: " + ", ".join(dropped))
+    if kept:
+        notes.append("speculation-only environment kept: " + ", ".join(kept))
+    if simulated:
+        notes.append(f"{', '.join(simulated)} is set: acceptance is simulated, so every gate is inconclusive "
+                     f"(fail closed)")
+    return LaunchPlan(form=form, derived=derived, env_kept=kept, env_dropped=dropped, simulated=simulated,
+                      notes=tuple(notes))
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,10 @@ class Deploy:
         self.switched = True
         hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
         switching.activate(self.t, self.state, self.release, after_files=hook)
+        mismatch = switching.loaded_exec_start_mismatch(self.t, self.service, self.release)
+        if mismatch:   # an admin drop-in wins over ours: never restart onto the old command
+            raise StepFailed("switch", f"after daemon-reload systemd does not hold the derived ExecStart ({mismatch}); "
+                                       f"an admin drop-in probably overrides fleetspec's {self.state.dropin}")
         return {}
 
     def _restart(self) -> dict:

@@ -290,9 +290,19 @@ def measure_for(t, pf) -> Measurement:
                    requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
 
 
+def fail_closed_if_simulated(verdicts: list[Verdict], simulated) -> list[Verdict]:
+    """SGLANG_SIMULATE_ACC_* in the service's environment fakes acceptance (and so speed) on both
+    sides of the comparison: no gate can pass, dry-run ones included (fail closed)."""
+    if not simulated:
+        return verdicts
+    return [Verdict(v.name, INCONCLUSIVE, f"{', '.join(simulated)} is set (simulated acceptance)", v.figures, False)
+            for v in verdicts]
+
+
 def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
     after = measure_for(t, pf)
     verdicts = judge(for_host(pf.playbook.gates, pf.host), pf.before, after, hybrid=pf.hybrid)
+    verdicts = fail_closed_if_simulated(verdicts, getattr(getattr(pf, "launch", None), "simulated", ()))
     for v in verdicts:
         echo(f"[{pf.host.name}] gate {v.name}: {v.verdict}{' (dry run)' if v.dry_run else ''}"
              f"{' — ' + v.reason if v.reason else ''} {v.figures}")

@@ -25,11 +25,30 @@ from fleetspec.remote import files
 
 q = shlex.quote
 ABSENT = "__FLEETSPEC_ABSENT__"
-DROPIN_NAME = "50-fleetspec.conf"
+# systemd applies a unit's drop-ins sorted by file name, the last ExecStart= winning: fleetspec's
+# sorts after every usual admin name (NN-*.conf, override.conf from `systemctl edit`). Releases made
+# before the rename used 50-fleetspec.conf; switching and rollback remove that name, status reads both.
+DROPIN_NAME = "zz-fleetspec.conf"
+LEGACY_DROPIN_NAMES = ("50-fleetspec.conf",)
+DROPIN_NAMES = (DROPIN_NAME, *LEGACY_DROPIN_NAMES)
 
 
-def dropin_path(service: str) -> str:
-    return f"/etc/systemd/system/{service}.d/{DROPIN_NAME}"
+def dropin_path(service: str, name: str = DROPIN_NAME) -> str:
+    return f"/etc/systemd/system/{service}.d/{name}"
+
+
+def legacy_dropin_paths(service: str) -> list[str]:
+    return [dropin_path(service, n) for n in LEGACY_DROPIN_NAMES]
+
+
+def is_ours(path: str) -> bool:
+    return PurePosixPath(path).name in DROPIN_NAMES
+
+
+def sorts_after_ours(path: str) -> bool:
+    """An admin drop-in that systemd applies after fleetspec's (so its ExecStart= would win)."""
+    name = PurePosixPath(path).name
+    return not is_ours(path) and name.encode() > DROPIN_NAME.encode()
 
 
 @dataclass
@@ -179,8 +198,12 @@ class HostState:
         return [r for r, s in self.ledger().releases().items() if s == ledger_model.HEALTHY]
 
     def dropin_bytes(self) -> bytes | None:
-        text = self.t.run_script(files.read_optional(self.dropin, ABSENT), timeout=30, check=True).stdout
-        return None if text == ABSENT else text.encode()
+        """fleetspec's drop-in as on the host now (under its current or its legacy name)."""
+        for path in (self.dropin, *legacy_dropin_paths(self.service)):
+            text = self.t.run_script(files.read_optional(path, ABSENT), timeout=30, check=True).stdout
+            if text != ABSENT:
+                return text.encode()
+        return None
 
     def target_label(self, release_id: str | None) -> str:
         return release_id or BASELINE

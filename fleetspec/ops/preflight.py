@@ -13,7 +13,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from fleetspec.errors import NeedsAttention, RemoteError, UserError
 from fleetspec.model import ledger as L
@@ -22,7 +22,7 @@ from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import load_playbook_for
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops import probes
-from fleetspec.ops.hoststate import DROPIN_NAME, HostState
+from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
 from fleetspec.remote import facts
 from fleetspec.remote.facts import disk as disk_fact
 from fleetspec.remote.facts import gpu as gpu_fact
@@ -60,6 +60,8 @@ class Preflight:
     keep_releases: int = 3
     guard: object | None = None                   # model.playbook.Guard
     before: object | None = None                  # gates.Measurement of the service before the switch
+    form: object | None = None                    # model.launch.LaunchForm of the baseline ExecStart
+    launch: object | None = None                  # ops.argv.LaunchPlan: kept/dropped/carried, env verdicts
 
     @property
     def layout(self) -> HostLayout:
@@ -108,8 +110,7 @@ class Preflight:
         if want.imports:
             out.append(("imports", smoke.imports_script(list(want.imports)), parse))
         if want.parse_args:
-            out.append(("parse_args", smoke.parse_args_script(self.new_argv[self.new_argv.index("-m") + 2:]
-                                                              if "-m" in self.new_argv else self.new_argv[1:]), parse))
+            out.append(("parse_args", smoke.parse_args_script(self.parse_slice()), parse))
         required = self.playbook.kernel_policy == "required"
         if want.kernels:   # before ddtree_sample: the payload loads the release's library either way
             for kernel in self.kernels:
@@ -119,6 +120,20 @@ class Preflight:
             out.append(("ddtree_sample", smoke.ddtree_sample_script(kernel_required=required and bool(self.kernels)),
                         parse))
         return out
+
+    def parse_slice(self) -> list[str]:
+        """Exactly what sglang's entry point hands its parser for the new argv (both forms)."""
+        from fleetspec.model.launch import parsed_args
+
+        return parsed_args(self.form, self.new_argv, self.sglang.version)
+
+    @property
+    def exec_prefix(self) -> str:
+        return self.form.prefix if self.form else ""
+
+    @property
+    def exec_path(self) -> str | None:
+        return self.form.path if self.form and "@" in self.form.prefix else None
 
     def environment(self, release) -> dict[str, str]:
         env = dict(self.playbook.launch.env)
@@ -145,7 +160,8 @@ class Preflight:
     def summary(self) -> dict:
         return {"sglang": self.sglang.version, "torch": getattr(self.torch, "version", None),
                 "hybrid": self.hybrid, "options": dict(self.options.values), "notes": self.notes,
-                "patchset": self.patchset_name, "argv": self.new_argv}
+                "patchset": self.patchset_name, "argv": self.new_argv,
+                "launch": self.launch.to_dict() if self.launch else None}
 
 
 def secrets_of(host, playbook) -> list[str]:
@@ -196,9 +212,13 @@ def run(t, req, echo=print) -> Preflight:
     unit_bytes, dropins, dropin_texts = read_unit_files(t, unit)
     check_orphan_dropin(state, unit, host)
     try:
-        exec_argv = effective_argv(unit_bytes, dropin_texts)
+        command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
     except ValueError as err:
         raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
+    exec_argv = list(command.argv)
+    form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
+    check_dropin_order(unit, host, service)
+    overriding = admin_exec_start_dropins(unit, dropin_texts)
     check_interrupted(state, host.name)
     mirrored = HostState(t, host.name, service, mirror=req.root / ".fleetspec" / "hosts" / host.name / service)
     check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook))
@@ -218,8 +238,15 @@ def run(t, req, echo=print) -> Preflight:
     hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
     options = argv_ops.resolve_options(playbook, req.options, hybrid)
     notes = [f"{host.name}: {n}" for n in options.notes]
+    notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
+                 f"replaces that command, and rollback puts it back" for p in overriding)
     flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
-    new_argv = argv_ops.derive_argv(exec_argv, flags)
+    table = argv_ops.option_table(t, python, sg.version, host.name)
+    # the operator's environment, from the unit files (fleetspec's own drop-in left out)
+    environment = unitfile.effective_environment(unit_bytes.decode(errors="replace"), dropin_texts)
+    launch = argv_ops.plan_launch(form, table, flags, playbook, sg.version, environment, f"{host.name}: {service}")
+    new_argv = launch.derived.argv
+    notes.extend(f"{host.name}: {n}" for n in launch.notes)
 
     patchset = select_patchset(t, playbook, sg, host.name)
     kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
@@ -233,7 +260,7 @@ def run(t, req, echo=print) -> Preflight:
     pf = Preflight(host=host, root=req.root, playbook=playbook, service=service, python=python, unit=unit,
                    unit_bytes=unit_bytes, dropins=dropins, exec_argv=exec_argv, sglang=sg, torch=tv,
                    hybrid=hybrid, options=options, new_argv=new_argv, patchset=patchset, kernels=kernels,
-                   notes=notes, guard=playbook.guard,
+                   notes=notes, guard=playbook.guard, form=form, launch=launch,
                    keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)))
     check_templates(pf)
     for note in notes:
@@ -250,7 +277,7 @@ def read_unit_files(t, unit) -> tuple[bytes, dict[str, bytes], list[str]]:
     unit_bytes = t.get_bytes(unit.fragment_path)
     dropins, texts = {}, []
     for path in unit.dropin_paths:
-        if PurePosixPath(path).name == DROPIN_NAME:
+        if is_ours(path):
             continue
         data = t.get_bytes(path)
         texts.append(data.decode(errors="replace"))
@@ -264,10 +291,36 @@ def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
     return unitfile.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
 
 
+def check_dropin_order(unit, host, service: str) -> None:
+    """fleetspec's drop-in must be the last word on ExecStart=: systemd applies drop-ins sorted by
+    file name, so an admin drop-in named after ours would win and the release would serve the old
+    command. Refused here, before anything changes; the check after daemon-reload catches the rest."""
+    from fleetspec.ops.hoststate import sorts_after_ours
+
+    later = [p for p in unit.dropin_paths if sorts_after_ours(p)]
+    if later:
+        raise UserError(f"{host.name}: {service}: the drop-in {later[0]} sorts after fleetspec's "
+                        f"({DROPIN_NAME}) and would override its ExecStart=; rename it so it sorts before "
+                        f"{DROPIN_NAME} (e.g. 40-…conf)")
+
+
+def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
+    """The admin drop-ins (fleetspec's excluded, in systemd's order) that set ExecStart=."""
+    paths = [p for p in unit.dropin_paths if not is_ours(p)]
+    out = []
+    for path, text in zip(paths, dropin_texts):
+        try:
+            if unitfile.parse_unit(text).values("Service", "ExecStart"):
+                out.append(path)
+        except ValueError:
+            out.append(path)
+    return out
+
+
 def check_orphan_dropin(state: HostState, unit, host) -> None:
     """fleetspec's drop-in without fleetspec's state (the folder was deleted or the disk lost):
     the service runs a release nobody can describe, so no baseline may be taken from it."""
-    if any(PurePosixPath(p).name == DROPIN_NAME for p in unit.dropin_paths) and state.read_baseline() is None:
+    if any(is_ours(p) for p in unit.dropin_paths) and state.read_baseline() is None:
         raise NeedsAttention(
             f"{host.name}: {state.dropin} is there but {state.layout.baseline} is not: fleetspec's state was "
             f"lost while a release was active; check the unit, remove the drop-in, reload and restart, then retry",
@@ -343,7 +396,9 @@ def check_templates(pf: Preflight) -> None:
     from fleetspec.ops import switching
 
     fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
-                   sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE)
+                   sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE,
+                   exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
+                   launch=pf.launch.to_dict() if pf.launch else {})
     try:
         switching.dropin_text(pf, fake)
     except jinja2.TemplateError as err:
@@ -466,6 +521,8 @@ def take_baseline(t, pf: Preflight) -> Baseline:
         environment=recorded_environment(pf.unit_bytes, pf.dropins, *secret_refs(pf.host, getattr(pf, "playbook", None))),
         sglang={"version": pf.sglang.version, "site_packages": pf.sglang.site_packages,
                 "python": pf.python, "drift": list(pf.sglang.drift)},
-        served_algorithm=served, declared_algorithm=argv_ops.speculative_algorithm_from_argv(pf.exec_argv),
+        served_algorithm=served,
+        declared_algorithm=(pf.launch.derived.algorithm if getattr(pf, "launch", None)
+                            else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
         taken_at=time.time(), taken_by=actor(),
     )

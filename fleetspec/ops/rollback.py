@@ -99,10 +99,14 @@ def verify_baseline(t, state: HostState, baseline, host: str) -> None:
     from fleetspec.remote import files
 
     wanted = {baseline.unit_path: baseline.unit_sha256, **{p: sha256(b) for p, b in baseline.dropins.items()}}
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + [state.dropin]), timeout=60, check=True).stdout)
+    from fleetspec.ops.hoststate import legacy_dropin_paths
+
+    ours = [state.dropin, *legacy_dropin_paths(state.service)]
+    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + ours), timeout=60, check=True).stdout)
     for path, digest in wanted.items():
         if got.get(path) != digest:
             raise NeedsAttention(f"{host}: {path} does not match the baseline after rollback",
                                  f"fleetspec rollback {host}")
-    if state.dropin in got:
-        raise NeedsAttention(f"{host}: {state.dropin} is still present after rollback", f"fleetspec rollback {host}")
+    for path in ours:
+        if path in got:
+            raise NeedsAttention(f"{host}: {path} is still present after rollback", f"fleetspec rollback {host}")

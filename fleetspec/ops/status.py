@@ -134,6 +134,8 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = "managed by fleetspec" + (f", {n} files differ" if n else "")
         else:
             row.drift = f"{n} files differ" if n else "pristine"
+    if not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
+        row.notes.extend(_dropin_notes(host, unit.dropin_paths))
     if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
         try:
             row.unit_drift = _unit_drift(t, host, files)
@@ -147,10 +149,26 @@ def _fill(row: HostStatus, t, host: Host) -> None:
     _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
 
 
+def _dropin_notes(host: Host, paths: list[str]) -> list[str]:
+    """fleetspec's drop-in under its pre-rename name (still in force; the next deploy or rollback
+    renames it), and admin drop-ins systemd applies after fleetspec's (their ExecStart= would win)."""
+    from fleetspec.ops.hoststate import LEGACY_DROPIN_NAMES, sorts_after_ours
+
+    out = []
+    for path in paths:
+        if PurePosixPath(path).name in LEGACY_DROPIN_NAMES:
+            out.append(f"{host.name}: fleetspec's drop-in has its old name {path}; the next deploy or rollback "
+                       f"renames it")
+        elif sorts_after_ours(path):
+            out.append(f"{host.name}: the admin drop-in {path} sorts after fleetspec's; a deploy is refused "
+                       f"until it is renamed")
+    return out
+
+
 def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
     """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
     drop-in left out): what preflight would refuse."""
-    from fleetspec.ops.hoststate import DROPIN_NAME, HostState
+    from fleetspec.ops.hoststate import HostState, is_ours
 
     if isinstance(files, FleetspecError):      # the fact failed: said as a note by the caller
         raise files
@@ -158,7 +176,7 @@ def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> 
     baseline = HostState(t, host.name, host.vars.service).baseline_from_text(files.baseline_json, repair=False)
     if baseline is None or files.unit_bytes is None:
         return []
-    dropins = {p: b for p, b in files.dropins.items() if PurePosixPath(p).name != DROPIN_NAME}
+    dropins = {p: b for p, b in files.dropins.items() if not is_ours(p)}
     key = host.vars.api_key           # the inventory's secret: named, and its value, never shown
     return baseline.differences(files.unit_bytes, dropins, [key.env] if key else [],
                                 [v for v in [key.value() if key else None] if v])

@@ -25,7 +25,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops import probes
-from fleetspec.ops.hoststate import HostState, dropin_path
+from fleetspec.ops.hoststate import DROPIN_NAME, LEGACY_DROPIN_NAMES, HostState, dropin_path, legacy_dropin_paths
 from fleetspec.remote import files
 
 q = shlex.quote
@@ -78,6 +78,8 @@ def stage(t, pf, state: HostState, release_id: str, previous: str | None, *, mod
         kernels={n: _sha(b) for n, b in kernel_files.items()}, options=dict(pf.options.values),
         notes=list(pf.notes), site_packages=pf.sglang.site_packages,
         base_files={f.path: f.base_sha256 for f in pf.patchset.files} if pf.patchset else {},
+        exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
+        launch=pf.launch.to_dict() if pf.launch else {},
     )
     secrets = pf.secret_values()
     if secrets:
@@ -203,11 +205,13 @@ def env_file_text(values: dict[str, str]) -> str:
 
 def dropin_text(pf, release: Release) -> str:
     env_lines = [render.environment_line(k, v) for k, v in pf.environment(release).items()]
+    for name in (release.launch or {}).get("env_dropped", []):   # speculation-only, dropped by the playbook
+        env_lines.append(f"UnsetEnvironment={name}")
     if pf.playbook.launch.secret_env:   # values never in the drop-in (0644): a file only root reads
         env_lines.append(f"EnvironmentFile={pf.layout.release(release.id)}/{SECRETS_FILE}")
     return _env(pf.root).get_template("fleetspec-dropin.conf.j2").render(
         release=release, rendered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        release_dir=str(pf.layout.release(release.id)), exec_line=render.exec_line(release.argv),
+        release_dir=str(pf.layout.release(release.id)), exec_line=render.exec_line(release.argv, release.exec_prefix, release.exec_path),
         environment_lines=env_lines, guard=pf.guard, service_escaped=pf.service.removesuffix(".service"),
     )
 
@@ -218,7 +222,8 @@ def rollback_script(pf, state: HostState, release: Release, previous_dropin: byt
     return _env(pf.root).get_template("rollback.sh.j2").render(
         service=pf.service, release=release, previous_label=prev,
         state_dir=str(state.layout.base), dropin_path=dropin_path(pf.service),
-        previous_dropin=f"{prev_dir}/unit/50-fleetspec.conf" if prev_dir else "",
+        legacy_dropin_paths=legacy_dropin_paths(pf.service),
+        previous_dropin=release_dropin_candidates(prev_dir) if prev_dir else [],
         previous_dropin_sha256=_sha(previous_dropin) if (prev_dir and previous_dropin) else "",
         previous_current=prev_dir,
         restore_files=[{"backup": f"{state.layout.release(release.id)}/backup/{p}", "path": f"{release.site_packages}/{p}",
@@ -234,7 +239,7 @@ def render_release(t, pf, state: HostState, release: Release) -> dict:
     text = dropin_text(pf, release)
     rdir = str(state.layout.release(release.id))
     prev_dropin = state.dropin_bytes() if release.previous != BASELINE else None
-    t.put_bytes(text.encode(), f"{rdir}/unit/50-fleetspec.conf", mode=0o644)
+    t.put_bytes(text.encode(), f"{rdir}/unit/{DROPIN_NAME}", mode=0o644)
     t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755)
     if pf.guard:
         guard = _env(pf.root).get_template("fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
@@ -255,13 +260,13 @@ def lint_unit(t, pf, dropin: str) -> str:
     try:
         t.run_script(f"mkdir -m 0700 -- {q(unit + '.d')}", timeout=30, check=True)
         t.put_bytes(pf.unit_bytes, unit, mode=0o600, durable=False)
-        t.put_bytes(dropin.encode(), f"{unit}.d/50-fleetspec.conf", mode=0o600, durable=False)
+        t.put_bytes(dropin.encode(), f"{unit}.d/{DROPIN_NAME}", mode=0o600, durable=False)
         r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no -- {q(unit)}", timeout=60, check=False)
     finally:
         t.run_script(f"rm -rf -- {q(scratch)}", timeout=30, check=False)
     lines = (r.stderr + r.stdout).splitlines()
-    bad = [line for line in lines if "50-fleetspec.conf" in line or "ExecStart" in line or "Invalid" in line]
-    ours = [line for line in lines if "50-fleetspec.conf" in line]   # a setting systemd would ignore
+    bad = [line for line in lines if DROPIN_NAME in line or "ExecStart" in line or "Invalid" in line]
+    ours = [line for line in lines if DROPIN_NAME in line]   # a setting systemd would ignore
     if (r.rc != 0 and bad) or ours:
         raise FleetspecError("systemd-analyze verify refused the rendered unit: " + " | ".join((ours or bad)[:3]))
     return "ok" if r.rc == 0 else "warnings: " + " | ".join((r.stderr + r.stdout).strip().splitlines()[:2])
@@ -277,12 +282,59 @@ def activate(t, state: HostState, release: Release, after_files=None) -> None:
         t.run_script(in_place_apply(release, rdir), timeout=300, check=True)
         if after_files is not None:
             after_files()
+    # A release folder made before the rename holds its drop-in under the legacy name.
+    src = " ".join(q(p) for p in release_dropin_candidates(rdir))
     t.run_script(" && ".join([
         f"mkdir -p {q(str(PurePosixPath(d).parent))}",
-        files.copy_atomic(f"{rdir}/unit/50-fleetspec.conf", d),
+        f"for src in {src}; do [ -e \"$src\" ] && break; done",
+        _copy_dropin_from_var(d),
+        *[files.remove_durable(p) for p in legacy_dropin_paths(state.service)],
         files.symlink_atomic(rdir, str(state.layout.current)),
         "systemctl daemon-reload",
     ]), timeout=120, check=True)
+
+
+def loaded_exec_start_mismatch(t, service: str, release: Release) -> str | None:
+    """After daemon-reload, before the restart: does systemd now hold the derived ExecStart?
+    An admin drop-in applied after fleetspec's (or one created since preflight) would leave the old
+    command in place and the restart would serve it. None when it matches; else what differs."""
+    from fleetspec.remote.facts import systemd as systemd_fact
+
+    unit = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
+    return exec_start_mismatch(unit.exec_start, release.argv, release.exec_prefix, release.exec_path)
+
+
+def exec_start_mismatch(shown: list, argv: list[str], prefix: str = "", path: str | None = None) -> str | None:
+    """Compare `systemctl show -p ExecStart` (facts.systemd ExecInfo list) with the command fleetspec
+    rendered. systemctl joins argv[] with spaces and prints it as stored (`$$` not yet expanded),
+    so the comparison is made against the same stored form of the rendered line (pure)."""
+    from fleetspec.remote.facts import unitfile
+
+    want = unitfile.parse_exec(render.exec_line(argv, prefix, path))[0]
+    if len(shown) != 1:
+        return f"systemd holds {len(shown)} ExecStart= commands (expected 1)"
+    got = shown[0]
+    problems = []
+    if " ".join(got.argv) != " ".join(want.argv):
+        problems.append(f"argv is {' '.join(got.argv)[:300]!r}")
+    if want.path.startswith("/") and got.path != want.path:
+        problems.append(f"path is {got.path!r}, expected {want.path!r}")
+    if got.ignore_errors != ("-" in prefix):
+        problems.append(f"ignore_errors={'yes' if got.ignore_errors else 'no'}")
+    return "; ".join(problems) or None
+
+
+def release_dropin_candidates(rdir: str) -> list[str]:
+    """Where a release folder keeps its rendered drop-in: today's name first, then legacy ones."""
+    return [f"{rdir}/unit/{n}" for n in (DROPIN_NAME, *LEGACY_DROPIN_NAMES)]
+
+
+def _copy_dropin_from_var(dest: str) -> str:
+    """Copy "$src" (set by the loop before it) to dest via a temp file and rename, fsyncing the copy
+    before the rename and the folder after it."""
+    tmp = dest + files.TMP_SUFFIX
+    return (f'cp -p -- "$src" {q(tmp)} && {files.fsync(tmp)} && mv -f -- {q(tmp)} {q(dest)} && '
+            f'{files.fsync(files.parent(dest))}')
 
 
 def leave(t, state: HostState, also=()) -> None:
@@ -341,8 +393,9 @@ def _drop_pyc(live: str) -> str:
 def deactivate(t, state: HostState, baseline, also=()) -> None:
     """Back to the baseline: no fleetspec drop-in, no `current`, recorded unit and drop-ins byte-exact."""
     leave(t, state, also)
-    t.run_script(" && ".join([files.remove_durable(state.dropin), files.remove_durable(str(state.layout.current))]),
-                 timeout=60, check=True)
+    t.run_script(" && ".join([files.remove_durable(state.dropin),
+                              *[files.remove_durable(p) for p in legacy_dropin_paths(state.service)],
+                              files.remove_durable(str(state.layout.current))]), timeout=60, check=True)
     restore_baseline_files(t, baseline)
     t.run_script("systemctl daemon-reload", timeout=120, check=True)
 
@@ -426,7 +479,9 @@ def plan(t, pf, state: HostState) -> dict:
     diff = list(difflib.unified_diff([a + "\n" for a in old], [a + "\n" for a in new],
                                      f"{pf.service} ExecStart (now)", f"{pf.service} ExecStart (after)", n=2))
     fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
-                   sglang_version=pf.sglang.version, argv=new, previous=state.current() or BASELINE)
+                   sglang_version=pf.sglang.version, argv=new, previous=state.current() or BASELINE,
+                   exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
+                   launch=pf.launch.to_dict() if pf.launch else {})
     dropin = dropin_text(pf, fake)
     return {
         "host": pf.host.name, "service": pf.service, "sglang": pf.sglang.version,
@@ -437,4 +492,5 @@ def plan(t, pf, state: HostState) -> dict:
         "kernels": {n: _sha(b) for n, b in pf.kernel_files().items()},
         "smoke": [name for name, _, _ in pf.smoke_scripts(kernels_dir="<release>/kernels")],
         "gates": pf.gate_names(), "previous": state.current() or BASELINE,
+        "launch": json.loads(pf.redact(json.dumps(pf.launch.to_dict()))) if pf.launch else None,
     }

@@ -122,7 +122,7 @@ def test_deploy_ddtree_then_rollback_is_byte_exact(lab_fleet, ct129):
     assert s["served_algo"] == "DDTREE" and s["algo"] == "DDTREE" and s["release_status"] == "healthy", s
     release = s["release"]
     assert release_story(lab_fleet, release)[-1] == "healthy"
-    assert snapshot(lab_fleet)["dropins"] == ["50-fleetspec.conf"]
+    assert snapshot(lab_fleet)["dropins"] == ["zz-fleetspec.conf"]
     assert s["drift"] in ("pristine", "managed by fleetspec")   # the live venv was never edited
     fs(lab_fleet, "rollback", HOST, check_rc=0)
     assert_on_baseline(lab_fleet, ct129)
@@ -222,7 +222,7 @@ def test_crash_loop_guard_reverts_without_fleetspec(lab_fleet, ct129, guarded_ro
                         "ddtree", "--yes", "--no-gates", "--json"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     release = json.loads(r.stdout.strip().splitlines()[-1])["release"]
-    dropin = sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/50-fleetspec.conf")
+    dropin = sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/zz-fleetspec.conf")
     assert "OnFailure=fleetspec-guard@sglang-qwen.service" in dropin
     # fleetspec has left; the release starts crash-looping (a bad driver, a bad node...)
     fs(lab_fleet, "lab", "fault", HOST, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
@@ -249,6 +249,6 @@ def test_in_place_mode_backs_up_replaces_and_restores_pristine(lab_fleet, ct129)
     assert "sglang/srt/speculative/spec_info.py" in s["drift_files"]          # the live venv was edited
     backup = sh(lab_fleet, f"cd {STATE}/releases/{release}/backup && find . -type f | sort")
     assert "./sglang/srt/speculative/spec_info.py" in backup
-    assert "PYTHONPATH" not in sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/50-fleetspec.conf")
+    assert "PYTHONPATH" not in sh(lab_fleet, f"cat /etc/systemd/system/{SERVICE}.d/zz-fleetspec.conf")
     fs(lab_fleet, "rollback", HOST, check_rc=0)
     assert_on_baseline(lab_fleet, ct129)                                      # drift pristine again

@@ -253,9 +253,16 @@ def exec_start_of(unit_texts: list[str], specifiers: dict[str, str] | None = Non
     return commands
 
 
-def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
-                         specifiers: dict[str, str] | None = None) -> list[str]:
-    """The argv the service's process gets (one ExecStart= command, `$$` expanded).
+def effective_environment(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """Environment= of a unit file and its drop-ins in order, less UnsetEnvironment= (environment_of)."""
+    return environment_of([unit_text, *dropin_texts])
+
+
+def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
+                           specifiers: dict[str, str] | None = None) -> ExecCommand:
+    """The one ExecStart= command the service runs: its prefix flags, the executable path (which
+    differs from argv[0] with `@`) and the argv the process gets (`$$` expanded, except under `:`,
+    where systemd expands nothing).
 
     Refuses (UnitSyntaxError) a unit with no or several commands, or one whose argv uses
     `$VARIABLES`: fleetspec would otherwise rewrite a command line it does not fully know.
@@ -263,10 +270,19 @@ def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ..
     commands = exec_start_of([unit_text, *dropin_texts], specifiers)
     if len(commands) != 1:
         raise UnitSyntaxError(f"expected exactly one ExecStart= command, found {len(commands)}")
-    argv, uses_vars = expand_dollars(commands[0].argv)
+    command = commands[0]
+    if ":" in command.flags:
+        return command
+    argv, uses_vars = expand_dollars(command.argv)
     if uses_vars:
         raise UnitSyntaxError("ExecStart= uses $VARIABLES; fleetspec cannot derive its argv exactly")
-    return argv
+    return ExecCommand(path=command.path, argv=tuple(argv), flags=command.flags)
+
+
+def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
+                         specifiers: dict[str, str] | None = None) -> list[str]:
+    """The argv the service's process gets (see effective_exec_command)."""
+    return list(effective_exec_command(unit_text, dropin_texts, specifiers).argv)
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -276,14 +292,18 @@ def environment_of(unit_texts: list[str], specifiers: dict[str, str] | None = No
     """The Environment= of a unit file followed by its drop-ins, as systemd 252 builds it
     (config_parse_environ): each value split into words with extract_first_word(UNQUOTE|CUNESCAPE),
     `%%` resolved, `NAME=VALUE` words kept (a later one wins), an empty `Environment=` resets the
-    list; a word systemd would reject is skipped as it does. EnvironmentFile= is not read."""
+    list; a word systemd would reject is skipped as it does; UnsetEnvironment= names are removed.
+    EnvironmentFile= is not read."""
     env: dict[str, str] = {}
+    unset: set[str] = set()
     for text in unit_texts:
         try:
-            values = parse_unit(text).values("Service", "Environment")
+            unit = parse_unit(text)
         except UnitSyntaxError:
             continue
-        for value in values:
+        for value in unit.values("Service", "UnsetEnvironment"):
+            unset.update(word.partition("=")[0] for word in value.split())   # applied last, as exec does
+        for value in unit.values("Service", "Environment"):
             if value == "":
                 env = {}
                 continue
@@ -302,4 +322,4 @@ def environment_of(unit_texts: list[str], specifiers: dict[str, str] | None = No
                 name, sep, val = word.partition("=")
                 if sep and _ENV_NAME.match(name):
                     env[name] = val
-    return env
+    return {k: v for k, v in env.items() if k not in unset}

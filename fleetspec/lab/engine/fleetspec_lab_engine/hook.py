@@ -1,4 +1,5 @@
-"""The meta-path finder that redirects `sglang.launch_server` to the stand-in (no other module)."""
+"""The meta-path finder that redirects `sglang.launch_server` (and the `sglang` console script's
+`sglang.cli.main`, for `sglang serve` units) to the stand-in; no other module."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 TARGET = "sglang.launch_server"
 SHIM = Path(__file__).with_name("launch_server.py")
+SHIMS = {TARGET: SHIM, "sglang.cli.main": Path(__file__).with_name("cli_main.py")}
 
 
 class _Redirect:
@@ -16,9 +18,9 @@ class _Redirect:
 
     @staticmethod
     def find_spec(fullname, path=None, target=None):
-        if fullname != TARGET:
+        if fullname not in SHIMS:
             return None
-        return importlib.util.spec_from_file_location(TARGET, SHIM)
+        return importlib.util.spec_from_file_location(fullname, SHIMS[fullname])
 
 
 def install() -> None:
