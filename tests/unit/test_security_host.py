@@ -356,7 +356,7 @@ def test_rollback_sh_fsyncs_the_drop_in_and_the_current_flip(tmp_path):
         d.mkdir(parents=True)
     previous_dropin = state / "releases" / "r0" / "unit" / "50-fleetspec.conf"
     previous_dropin.write_bytes(b"[Service]\nEnvironment=R=0\n")
-    dropin = etc / f"{SERVICE}.d" / "50-fleetspec.conf"
+    dropin = etc / f"{SERVICE}.d" / "zz-fleetspec.conf"
     dropin.write_bytes(b"[Service]\nEnvironment=R=1\n")
     unit = etc / SERVICE
     unit.write_bytes(b"[Service]\nExecStart=/bin/true\n")
@@ -368,7 +368,8 @@ def test_rollback_sh_fsyncs_the_drop_in_and_the_current_flip(tmp_path):
     root = Path(__file__).resolve().parents[2]
     text = _env(root).get_template("rollback.sh.j2").render(
         service=SERVICE, release=release, previous_label="r0", state_dir=str(state), dropin_path=str(dropin),
-        previous_dropin=str(previous_dropin), previous_current=str(state / "releases" / "r0"),
+        previous_dropin=[str(previous_dropin)], previous_current=str(state / "releases" / "r0"),
+        legacy_dropin_paths=[str(etc / f"{SERVICE}.d" / "50-fleetspec.conf")],
         previous_dropin_sha256=hashlib.sha256(previous_dropin.read_bytes()).hexdigest(),
         restore_files=[], remove_files=[], unit_sha256=hashlib.sha256(unit.read_bytes()).hexdigest(),
         unit_path=str(unit))
@@ -409,4 +410,4 @@ def test_durable_builders_with_hostile_file_names_write_exactly_their_file(tmp_p
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in d.iterdir()) == sorted(["r1", dest.name, link.name, ledger.name])
     assert dest.read_bytes() == b"data\n" and os.readlink(link) == str(d / "r1")
-    assert ledger.read_text() == name.replace("\n", " ") + "\n"
+    assert ledger.read_bytes().decode() == name.replace("\n", " ") + "\n"  # bytes: read_text turns \r into \n

@@ -239,7 +239,8 @@ def test_rollback_sh_runs_nothing_from_names_labels_or_reason(tmp_path_factory, 
                       argv=["/bin/true"], previous=previous)
     text = switching._env(ROOT).get_template("rollback.sh.j2").render(
         service=service, release=release, previous_label=previous, state_dir=str(state),
-        dropin_path=str(etc / "50-fleetspec.conf"), previous_dropin="", previous_dropin_sha256="",
+        dropin_path=str(etc / "zz-fleetspec.conf"), previous_dropin=[], previous_dropin_sha256="",
+        legacy_dropin_paths=[str(etc / "50-fleetspec.conf")],
         previous_current="", restore_files=[], remove_files=[],
         unit_sha256=hashlib.sha256(unit.read_bytes()).hexdigest(), unit_path=str(unit))
     (work / "rollback.sh").write_text(text)
