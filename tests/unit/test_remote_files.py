@@ -59,7 +59,8 @@ def test_missing_objects_names_only_absent_digests(tmp_path):
 
 def test_lock_is_exclusive_names_its_holder_and_frees_when_the_holder_goes(tmp_path):
     lock = str(tmp_path / "svc" / "lock")
-    holder = Holder(who="alice", machine="m1", pid=4242, since=1.0, release="r1")
+    holder = Holder(who="alice", machine="m1", pid=4242, since=1.0, release="r1", controller="c1", token="t1")
+    other = Holder(who="bob", machine="m2", pid=4343, since=2.0, release="r2", controller="c2", token="t2")
     first = subprocess.Popen(["bash", "-c", acquire_script(lock, holder)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -67,10 +68,11 @@ def test_lock_is_exclusive_names_its_holder_and_frees_when_the_holder_goes(tmp_p
         assert line.startswith("LOCKED")
         record = json.loads((tmp_path / "svc" / "lock.holder").read_text())
         assert record["who"] == "alice" and record["remote_pid"] == int(line.split()[1])
-        second = bash(acquire_script(lock, holder), stdin=subprocess.DEVNULL)
+        second = bash(acquire_script(lock, other), stdin=subprocess.DEVNULL)
         assert second.returncode == BUSY
     finally:
         first.stdin.close()          # the session ends: cat sees EOF, flock lets go
         first.wait(timeout=10)
-    third = bash(acquire_script(lock, holder), stdin=subprocess.DEVNULL)
+    third = bash(acquire_script(lock, other), stdin=subprocess.DEVNULL)
     assert third.returncode == 0 and third.stdout.startswith("LOCKED")
+    assert json.loads((tmp_path / "svc" / "lock.holder").read_text())["who"] == "bob"
