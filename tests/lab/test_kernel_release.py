@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetspec.ops.hoststate import DROPIN_NAME
 from tests.lab import labtools
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -87,7 +88,7 @@ def test_the_release_runs_the_compiled_kernel_and_the_ledger_says_so(lab_fleet):
         assert smoke["smoke"]["kernel:tree_mask.so"]["checks"] == {"tree_mask": True, "topk_logprobs": True,
                                                                   "same_tree": True}
         assert smoke["smoke"]["ddtree_sample"]["kernel"]["library"].endswith(f"/releases/{release}/kernels/tree_mask.so")
-        dropin = labtools.sh(lab_fleet, host, f"cat {DROPIN_DIR}/50-fleetspec.conf")
+        dropin = labtools.sh(lab_fleet, host, f"cat {DROPIN_DIR}/{DROPIN_NAME}")
         assert f"FLEETSPEC_KERNELS={STATE}/current/kernels" in dropin
     finally:
         _rollback(lab_fleet, host)

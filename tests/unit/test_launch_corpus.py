@@ -197,7 +197,7 @@ def test_smoke_parses_exactly_the_entry_points_slice(version):
         form = launch.classify(words.split())
         derived = launch.derive(form, table, FLAGS, version=version)
         pf = Preflight(host=None, root=Path("."), playbook=SimpleNamespace(smoke=SimpleNamespace(
-            imports=(), parse_args=True, ddtree_sample=False, kernels=False)), service="s", python="p", unit=None,
+            imports=(), parse_args=True, ddtree_sample=False, kernels=False), kernel_policy="optional"), service="s", python="p", unit=None,
             unit_bytes=b"", dropins={}, exec_argv=list(form.argv), sglang=SimpleNamespace(version=version),
             torch=None, hybrid=False, options=None, new_argv=derived.argv, patchset=None, kernels=[], form=form)
         (name, script, _), = pf.smoke_scripts(kernels_dir="/k")
