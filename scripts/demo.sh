@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 fleetspec lab up --hosts ct129,ct200
 fleetspec status --all
+echo "demo: gate figures below come from the lab's stand-in engine: stand-in figures, never GPU results"
 fleetspec deploy ct129 --algo ddtree --yes
 fleetspec status --all
 echo "Next: fleetspec history ct129; fleetspec rollback ct129; fleetspec lab down"
