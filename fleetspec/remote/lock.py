@@ -196,6 +196,11 @@ class RemoteLock:
                                   f"{(err or line).splitlines()[-1] if (err or line) else f'exit {rc}'}")
             if rc == BUSY or not line:
                 holder = read_holder(self.t, self.lock)
+                for _ in range(10):     # the winner writes its record just after it takes the flock
+                    if holder is not None:
+                        break
+                    time.sleep(0.2)
+                    holder = read_holder(self.t, self.lock)
                 if attempt == 1 and holder is not None and holder.dead_here():
                     # Its process is gone from this controller; only its orphaned session holds on.
                     self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
