@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote import sglang_api
 
 GOLDEN_PROMPTS = (
     "The capital of France is",
@@ -72,13 +73,9 @@ class Measurement:
         return out
 
 
-def _generate(t, port: int, prompt: str, max_new_tokens: int, headers: dict) -> dict:
-    body = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+def _generate(t, port: int, prompt: str, max_new_tokens: int, api_key: str | None) -> dict:
     started = time.monotonic()
-    r = t.http("POST", port, "/generate", json=body, timeout=300, headers=headers)
-    if r.status != 200:
-        raise RemoteError(f"/generate answered {r.status}")
-    data = r.json()
+    data = sglang_api.generate(t, port, prompt, max_new_tokens, api_key=api_key, timeout=300)
     check_answer(data)
     data["_wall"] = time.monotonic() - started
     return data
@@ -114,11 +111,10 @@ def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, c
     the faster of `rounds` rounds, since whatever else runs on the host (or the machine) can only
     ever slow a round down: one unlucky round must not fail a release. Baseline and release are
     measured alike, so the ratio stays fair."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     m = Measurement(asked=len(prompts))
     for prompt in prompts:
         try:
-            data = _generate(t, port, prompt, max_new_tokens, headers)
+            data = _generate(t, port, prompt, max_new_tokens, api_key)
         except (RemoteError, ValueError) as err:
             m.errors.append(f"{prompt[:20]!r}: {err}")
             m.prompt_errors.append(m.errors[-1])
@@ -130,7 +126,7 @@ def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, c
             m.accept_lengths.append(float(meta["spec_accept_length"]))
     for level in concurrency:
         for _ in range(max(1, rounds)):
-            tokens, walls, errors = _load(t, port, level, requests, max_new_tokens, headers)
+            tokens, walls, errors = _load(t, port, level, requests, max_new_tokens, api_key)
             m.errors.extend(errors)
             if tokens and walls and tokens / walls[0] > m.tokens_per_s.get(level, 0.0):
                 m.tokens_per_s[level] = tokens / walls[0]
@@ -138,13 +134,13 @@ def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, c
     return m
 
 
-def _load(t, port, level, requests, max_new_tokens, headers):
+def _load(t, port, level, requests, max_new_tokens, api_key):
     """`requests` generations, `level` at a time; (output tokens, (wall, mean latency)), errors."""
     prompts = [f"{GOLDEN_PROMPTS[i % len(GOLDEN_PROMPTS)]} (#{i})" for i in range(requests)]
     errors, latencies, tokens = [], [], 0
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=level) as pool:
-        for fut in [pool.submit(_generate, t, port, p, max_new_tokens, headers) for p in prompts]:
+        for fut in [pool.submit(_generate, t, port, p, max_new_tokens, api_key) for p in prompts]:
             try:
                 data = fut.result()
                 tokens += data["meta_info"]["completion_tokens"]

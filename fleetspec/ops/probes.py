@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote import sglang_api
 from fleetspec.remote.facts import systemd as systemd_fact
 
 
@@ -49,10 +50,6 @@ def spec_for_host(host, expected: str | None, playbook_probes=None) -> ProbeSpec
                      api_key=key, **kwargs)
 
 
-def _headers(spec: ProbeSpec) -> dict:
-    return {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-
-
 def _unit_state(t, service: str):
     return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
 
@@ -86,7 +83,7 @@ def wait_healthy(t, service: str, spec: ProbeSpec, *, since_restarts: int | None
 
 def _get(t, spec: ProbeSpec, path: str):
     try:
-        r = t.http("GET", spec.port, path, timeout=10, headers=_headers(spec))
+        r = t.http("GET", spec.port, path, timeout=10, headers=sglang_api.auth_headers(spec.api_key))
         return r.status, r.body
     except RemoteError:
         return None
@@ -115,17 +112,12 @@ def _after_ready(t, spec: ProbeSpec, waited: float) -> ProbeResult:
 
 
 def generate(t, spec: ProbeSpec, prompt: str, max_new_tokens: int, temperature: float = 0.0) -> dict:
-    body = {"text": prompt, "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens}}
+    """The probe's view of one /generate: ok or the error, never an exception."""
     try:
-        r = t.http("POST", spec.port, "/generate", json=body, timeout=120, headers=_headers(spec))
-    except RemoteError as err:
+        data = sglang_api.generate(t, spec.port, prompt, max_new_tokens, api_key=spec.api_key,
+                                   temperature=temperature)
+    except (RemoteError, ValueError) as err:
         return {"ok": False, "error": str(err)}
-    if r.status != 200:
-        return {"ok": False, "error": f"HTTP {r.status}: {r.body[:200]!r}"}
-    try:
-        data = json.loads(r.body)
-    except ValueError:
-        return {"ok": False, "error": "not JSON"}
     meta = data.get("meta_info", {})
     return {"ok": True, "text": data.get("text", ""), "output_ids": data.get("output_ids"),
             "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct"),

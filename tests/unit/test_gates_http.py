@@ -13,7 +13,7 @@ import pytest
 
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.playbook import AcceptanceGate, Gates, ParityGate, ThroughputGate, load_playbook_for
-from fleetspec.ops import gates
+from fleetspec.ops import gates, probes
 from fleetspec.ops.gates import FAIL, INCONCLUSIVE, PASS, GOLDEN_PROMPTS, judge
 from fleetspec.remote.transport import Transport
 
@@ -35,14 +35,16 @@ class Server:
 
     def __init__(self):
         self.reply = answer
+        self.auth = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 prompt = req["text"].split(" (#")[0]
+                outer.auth.append(self.headers.get("Authorization"))
                 status, body = outer.reply(prompt)
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -157,3 +159,21 @@ def test_every_algo_changing_playbook_has_a_gate_that_counts_request_errors(t, s
     verdicts = judge(playbook.gates, before, after, hybrid=False)
     assert any(v.name in ("acceptance", "throughput") and not v.dry_run and v.blocks and "1 failed" in v.reason
                for v in verdicts), verdicts
+
+
+def test_gates_and_probes_send_the_same_bearer_header_and_none_without_a_key(t, server):
+    """One /generate client (remote/sglang_api.py) serves both; the key travels as a Bearer header."""
+    measure(t, server, answer, prompts=GOLDEN_PROMPTS[:1], api_key="k-1")
+    spec = probes.ProbeSpec(port=server.port, expected_algorithm=None, api_key="k-1")
+    assert probes.generate(t, spec, GOLDEN_PROMPTS[0], 4)["output_ids"] == IDS[GOLDEN_PROMPTS[0]]
+    measure(t, server, answer, prompts=GOLDEN_PROMPTS[:1])
+    assert server.auth == ["Bearer k-1", "Bearer k-1", None]
+
+
+@pytest.mark.parametrize("reply, error", [((500, {"error": "boom"}), "HTTP 500"), ((200, b"<html>"), "not JSON")])
+def test_a_probe_generate_that_fails_is_an_answer_not_an_exception(t, server, reply, error):
+    server.reply = lambda p: reply
+    got = probes.generate(t, probes.ProbeSpec(port=server.port, expected_algorithm=None), "x", 4)
+    assert got["ok"] is False and error in got["error"]
+    m = measure(t, server, lambda p: reply, prompts=GOLDEN_PROMPTS[:1])
+    assert len(m.prompt_errors) == 1 and error in m.prompt_errors[0]

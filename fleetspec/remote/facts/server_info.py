@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote import sglang_api
 
 
 @dataclass
@@ -44,8 +45,7 @@ def parse(data: dict[str, Any]) -> ServerInfo:
 
 
 def fetch(transport, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    r = transport.http("GET", port, "/server_info", timeout=timeout, headers=headers)
+    r = transport.http("GET", port, "/server_info", timeout=timeout, headers=sglang_api.auth_headers(api_key))
     if r.status != 200:
         raise RemoteError(f"{transport.name}: GET /server_info returned {r.status}")
     try:
