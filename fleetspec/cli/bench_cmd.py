@@ -6,25 +6,17 @@ import json
 
 import click
 
-from fleetspec.cli.deploy_cmd import _typed
 from fleetspec.cli.output import Progress, echo_table
-from fleetspec.errors import UserError
 
 
 def _runs(obj, specs):
-    from fleetspec.model.playbook import load_playbook_for
+    from fleetspec.model.playbook import load_playbook_for, parse_overrides
 
     runs = []
     for spec in specs:
         algo, _, opts = spec.partition(":")
         playbook = load_playbook_for(obj.root_path, algo)
-        raw = {}
-        for item in filter(None, opts.split(",")):
-            name, sep, value = item.partition("=")
-            if not sep:
-                raise UserError(f"--algo {spec!r}: options are NAME=VALUE, e.g. ddtree:budget=32")
-            raw[name] = value
-        runs.append((algo, _typed(playbook, raw)))
+        runs.append((algo, parse_overrides(playbook, [o for o in opts.split(",") if o], flag=f"--algo {algo}:")))
     return runs
 
 

@@ -9,41 +9,9 @@ import sys
 
 import click
 
-from fleetspec.errors import FleetspecError, UserError
+from fleetspec.errors import FleetspecError
 from fleetspec.cli.completion import complete_algos, complete_hosts, complete_releases, complete_targets
 from fleetspec.cli.output import Progress, echo_table
-
-
-def _parse_sets(values: tuple[str, ...]) -> dict:
-    out = {}
-    for item in values:
-        name, sep, raw = item.partition("=")
-        if not sep or not name:
-            raise UserError(f"--set {item!r}: expected NAME=VALUE")
-        out[name] = raw
-    return out
-
-
-def _typed(playbook, sets: dict) -> dict:
-    """--set values take the type of the option's default (int, float, bool, str)."""
-    out = {}
-    for name, raw in sets.items():
-        default = playbook.options.get(name)
-        try:
-            if isinstance(default, bool):
-                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                out[name] = raw.lower() in ("true", "1", "yes")
-            elif isinstance(default, int):
-                out[name] = int(raw)
-            elif isinstance(default, float):
-                out[name] = float(raw)
-            else:
-                out[name] = raw
-        except ValueError:
-            raise UserError(f"--set {name}={raw}: expected {type(default).__name__} like the default "
-                            f"{default!r} in {playbook.path}") from None
-    return out
 
 
 @click.command()
@@ -70,12 +38,12 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     \b
     Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
     """
-    from fleetspec.model.playbook import load_playbook_for
+    from fleetspec.model.playbook import load_playbook_for, parse_overrides
     from fleetspec.ops import fleet
 
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
-    options = _typed(playbook, _parse_sets(sets))
+    options = parse_overrides(playbook, sets)
     strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
                                     parallel=parallel, rollback_all_on_abort=rollback_all_on_abort)
     if not plan_only and not yes and sys.stdin.isatty():

@@ -358,36 +358,42 @@ def _gates(f: Fields) -> Gates:
     return Gates(acceptance=acceptance, throughput=throughput, parity=parity)
 
 
-def coerce_option(playbook: Playbook, name: str, text: str) -> Scalar:
-    """A `--set NAME=VALUE` string typed by the option's default (bool, int, float or str)."""
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def coerce_option(playbook: Playbook, name: str, text: str, flag: str = "--set") -> Scalar:
+    """A `NAME=VALUE` string typed by the option's default: bool (true/false, yes/no, on/off, 1/0,
+    any case), int, finite float, or str; anything else is one line naming the option, the
+    expected type and the playbook file."""
     if name not in playbook.options:
         known = ", ".join(playbook.options) or "none"
-        raise UserError(f"--set {name}: {playbook.path.name} has no option {name!r} (options: {known})")
+        raise UserError(f"{flag} {name}: {playbook.path.name} has no option {name!r} (options: {known})")
     default = playbook.options[name]
+    low = text.strip().lower()
     try:
         if isinstance(default, bool):
-            low = text.strip().lower()
-            if low in ("true", "yes", "on", "1"):
-                return True
-            if low in ("false", "no", "off", "0"):
-                return False
-            raise ValueError
+            if low not in _TRUE + _FALSE:
+                raise ValueError
+            return low in _TRUE
         if isinstance(default, int):
             return int(text)
         if isinstance(default, float):
+            if low.lstrip("+-") in ("nan", "inf", "infinity"):
+                raise ValueError
             return float(text)
     except ValueError:
-        raise UserError(f"--set {name}={text}: expected {type(default).__name__} like the default "
-                        f"{default!r}") from None
+        expected = "bool (true/false, yes/no, on/off, 1/0)" if isinstance(default, bool) else type(default).__name__
+        raise UserError(f"{flag} {name}={text}: expected {expected} like the default {default!r} "
+                        f"in {playbook.path}") from None
     return text
 
 
-def parse_overrides(playbook: Playbook, pairs: list[str] | tuple[str, ...]) -> dict[str, Scalar]:
+def parse_overrides(playbook: Playbook, pairs: list[str] | tuple[str, ...], flag: str = "--set") -> dict[str, Scalar]:
+    """The one parser of option overrides (`deploy --set`, `bench --algo A:NAME=VALUE,…`)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
-        if not sep or not name:
-            raise UserError(f"--set {pair!r}: expected NAME=VALUE")
-        out[name.strip()] = coerce_option(playbook, name.strip(), text)
+        if not sep or not name.strip():
+            raise UserError(f"{flag} {pair!r}: expected NAME=VALUE")
+        out[name.strip()] = coerce_option(playbook, name.strip(), text, flag)
     return out
-

@@ -110,8 +110,19 @@ def test_hybrid_refuses_tree(ddtree):
     assert resolve_options(ddtree, {"verify": "tree"}, hybrid=False).values["verify"] == "tree"
 
 
+@pytest.mark.parametrize("pairs,expected", [
+    (["trace=on"], {"trace": True}), (["trace=OFF"], {"trace": False}), (["trace= Yes "], {"trace": True}),
+    (["trace=0"], {"trace": False}), ([" budget =32"], {"budget": 32}), (["ratio=1e-2"], {"ratio": 0.01}),
+    (["verify="], {"verify": ""}), (["budget=8", "budget=16"], {"budget": 16})])
+def test_override_semantics(ddtree, pairs, expected):
+    """The one `--set` parser: YAML-1.1 style booleans in any case, names stripped, the last one wins."""
+    assert parse_overrides(ddtree, pairs) == expected
+
+
 @pytest.mark.parametrize("pair,msg", [("budget=lots", "expected int"), ("nosuch=1", "no option"),
-                                      ("trace=maybe", "expected bool"), ("budget", "NAME=VALUE")])
+                                      ("trace=maybe", "expected bool"), ("budget", "NAME=VALUE"),
+                                      ("ratio=inf", "expected float"), ("ratio=NaN", "expected float"),
+                                      ("budget=1.5", "expected int"), ("=3", "NAME=VALUE")])
 def test_bad_overrides(ddtree, pair, msg):
     with pytest.raises(UserError, match=msg):
         parse_overrides(ddtree, [pair])
