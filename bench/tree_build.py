@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import importlib.util
 import statistics
 import sys
 import time
@@ -26,15 +25,12 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PAYLOAD = REPO / "playbooks/ddtree/payload/ddtree_utils.py"
 
 
 def load_payload():
-    spec = importlib.util.spec_from_file_location("ddtree_utils_bench", PAYLOAD)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from fleetspec.model import payload
+
+    return payload.load("ddtree_utils", "ddtree_utils_bench")
 
 
 def reference_build(draft_logits: torch.Tensor, budget: int, topk_cap: int | None = None):

@@ -8,6 +8,8 @@ error (no root, a bad inventory) completes nothing rather than printing a traceb
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from click.shell_completion import CompletionItem
 
 
@@ -55,15 +57,16 @@ def complete_releases(ctx, param, incomplete):
     """Release ids from the local mirror of the host's ledger (every host's when the host is not
     known yet, e.g. `rollback HOST --to <TAB>`), newest first."""
     from fleetspec.model import ledger as L
-    from fleetspec.ops.history import mirror_dir, releases
+    from fleetspec.model.layout import local_mirror
+    from fleetspec.ops.history import releases
 
     c = _context(ctx)
     host_name = ctx.params.get("host") or next(iter(ctx.params.get("targets") or ()), None)
     host = c.inv.hosts.get(host_name) if host_name else None
     if host is not None:
-        files = [mirror_dir(c.root_path, host) / "ledger.jsonl"]
+        files = [local_mirror(c.root_path, host.name, host.vars.service) / "ledger.jsonl"]
     else:
-        files = sorted((c.root_path / ".fleetspec" / "hosts").glob("*/*/ledger.jsonl"))
+        files = sorted(c.root_path.glob(str(local_mirror(Path(), "*", "*") / "ledger.jsonl")))
     seen: dict[str, str] = {}
     for f in files:
         if f.is_file():

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.layout import local_mirror
 from fleetspec.ops import preflight
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote.lock import RemoteLock
 
 
 def retake(t, host, root) -> str:
-    state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     with RemoteLock(t, str(state.layout.lock), release="baseline-retake"):
         current = state.current()
         if current:

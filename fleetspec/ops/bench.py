@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fleetspec.errors import DeployFailed, FleetspecError
 from fleetspec.model import ledger as L
+from fleetspec.model.layout import local_mirror
 from fleetspec.model.playbook import load_playbook_for
 from fleetspec.ops import gates
 from fleetspec.ops.deploy import Deploy, DeployRequest
@@ -31,7 +32,7 @@ class BenchRow:
 
 def bench_host(t, host, root, runs: list[tuple[str, dict]], *, concurrency=(1, 4), requests=16,
                max_new_tokens=64, echo=print, progress=lambda _: None) -> list[BenchRow]:
-    state = HostState(t, host.name, host.vars.service)
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     start_on = state.current()
     rows, made = [], []
     try:

@@ -18,6 +18,7 @@ from typing import Callable
 
 from fleetspec.errors import DeployFailed, FleetspecError, NeedsAttention, UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
@@ -74,8 +75,7 @@ class Deploy:
         self.t, self.req, self.echo, self.progress = t, req, echo, progress
         self.host = req.host
         self.service = req.host.vars.service
-        self.state = HostState(t, req.host.name, self.service,
-                               mirror=req.root / ".fleetspec" / "hosts" / req.host.name / self.service)
+        self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
         self.release_id = new_release_id(req.playbook.algo)
         self.started = time.monotonic()
         self.engine_wait = 0.0

@@ -13,12 +13,8 @@ from pathlib import Path
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.layout import local_mirror
 from fleetspec.ops.hoststate import HostState
-
-
-def mirror_dir(root: Path, host) -> Path:
-    """Where deploys keep the local copy of a host's ledger (see ops/hoststate.py)."""
-    return Path(root) / ".fleetspec" / "hosts" / host.name / host.vars.service
 
 
 @dataclass
@@ -33,7 +29,7 @@ def read_ledger(t, host, root: Path | None = None) -> LedgerRead:
     try:
         return LedgerRead(HostState(t, host.name, host.vars.service).ledger(), "host")
     except RemoteError as err:
-        local = mirror_dir(root, host) / "ledger.jsonl" if root is not None else None
+        local = local_mirror(root, host.name, host.vars.service) / "ledger.jsonl" if root is not None else None
         if local is None or not local.is_file():
             raise
         return LedgerRead(L.parse(local.read_text(errors="replace")), str(local),

@@ -18,7 +18,7 @@ from pathlib import Path
 from fleetspec.errors import NeedsAttention, RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, recorded_environment
-from fleetspec.model.layout import HostLayout
+from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.playbook import load_playbook_for
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops import probes
@@ -220,7 +220,7 @@ def run(t, req, echo=print) -> Preflight:
     check_dropin_order(unit, host, service)
     overriding = admin_exec_start_dropins(unit, dropin_texts)
     check_interrupted(state, host.name)
-    mirrored = HostState(t, host.name, service, mirror=req.root / ".fleetspec" / "hosts" / host.name / service)
+    mirrored = HostState(t, host.name, service, mirror=local_mirror(req.root, host.name, service))
     check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook))
     if unit.active_state != "active":
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import switching
 from fleetspec.ops.hoststate import HostState
@@ -39,7 +40,7 @@ class RollbackOutcome:
 
 def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
     started = time.monotonic()
-    state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     target = to or BASELINE
     with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo) as lock:
         state.lock = lock                       # each ledger line checks the lock is still ours

@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from fleetspec.model import ledger as L
+from fleetspec.model.layout import local_mirror
 from tests.lab.labtools import fs, json_rows, ledger
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -97,5 +99,11 @@ def test_bench_shows_ddtree_accepting_more_than_nextn(fleet_on_baseline):
     assert ddtree["figures"]["tok_s_c1"] > 0 and nextn["figures"]["tok_s_c1"] > 0
     row = statuses(fleet)[CANARY]                     # the host is back where it was
     assert row["algo"] == "NEXTN" and row["release"] is None and row["health"] == "ok"
+    # the benchmark releases are superseded on the host and in the fleet root's mirror alike
+    on_host = L.parse("\n".join(json.dumps(e) for e in ledger(fleet, CANARY))).releases()
+    mirror = local_mirror(fleet.root, CANARY, "sglang-qwen.service") / "ledger.jsonl"
+    mirrored = L.parse(mirror.read_text()).releases()
+    benched = [rid for rid, state in on_host.items() if state == L.SUPERSEDED]
+    assert len(benched) >= 3 and all(mirrored.get(rid) == L.SUPERSEDED for rid in benched), (on_host, mirrored)
     table = fs(fleet, "bench", "--help", check_rc=0)
     assert "ddtree:budget=32" in table.stdout

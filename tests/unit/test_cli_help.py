@@ -106,6 +106,9 @@ def test_completion_of_groups_algos_and_releases(root):
     assert [w.split(",", 1)[1] for w in out if w] == sorted(ids.values(), reverse=True)
     assert [w for w in complete(root, ["rollback", "ct129", "--to", ids["healthy"][:20]]) if w] == \
         [f"plain,{ids['healthy']}"]
+    # a host not in the inventory: every mirrored host's releases (model.layout.local_mirror, globbed)
+    assert [w for w in complete(root, ["rollback", "zz", "--to", ids["healthy"][:20]]) if w] == \
+        [f"plain,{ids['healthy']}"]
 
 
 def test_completion_scripts_for_three_shells():

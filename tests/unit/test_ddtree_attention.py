@@ -17,19 +17,18 @@ scripts/gpu-check.sh runs) prints one verdict line.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+
+from fleetspec.model import payload
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-PAYLOAD = Path(__file__).resolve().parents[2] / "playbooks/ddtree/payload/ddtree_utils.py"
 
 SIZES = {   # hidden, layers, heads, kv heads, vocab, prompts, new tokens
     "small": dict(hidden=64, layers=2, heads=4, kv_heads=2, vocab=256, prompts=16, new_tokens=24),
@@ -38,11 +37,7 @@ SIZES = {   # hidden, layers, heads, kv heads, vocab, prompts, new tokens
 
 
 def _payload():
-    spec = importlib.util.spec_from_file_location("ddtree_utils_attention", PAYLOAD)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return payload.load("ddtree_utils", "ddtree_utils_attention")
 
 
 def tiny_qwen3(size: dict, seed: int, device: str):

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from fleetspec.model import payload
 from fleetspec.model.hybrid import hybrid_reason, is_hybrid_config
 
-PAYLOAD = Path(__file__).resolve().parents[2] / "playbooks/ddtree/payload/ddtree_config.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("ddtree_config_under_test", PAYLOAD)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return payload.load("ddtree_config")
 
 
 dc = _load()
@@ -54,11 +49,18 @@ def test_pure_attention_configs(config):
     assert not is_hybrid_config(config) and dc.hybrid_reason(config) is None
 
 
-def test_the_two_copies_share_their_rules():
+def test_preflight_and_the_payload_share_one_definition_of_the_rule():
+    """The rule is written once, in the payload (which cannot import fleetspec); preflight and the
+    model_config fact run that very code."""
     from fleetspec.model import hybrid
+    from fleetspec.remote.facts import model_config
 
-    assert dc.HYBRID_MODEL_TYPES == hybrid.HYBRID_MODEL_TYPES
-    assert dc._RECURRENT_WORDS == hybrid._RECURRENT_WORDS and dc._RECURRENT_KEYS == hybrid._RECURRENT_KEYS
+    source = str(payload.PAYLOAD_DIR / "ddtree_config.py")
+    assert hybrid.hybrid_reason is dc.hybrid_reason and hybrid.hybrid_reason.__code__.co_filename == source
+    assert hybrid.HYBRID_MODEL_TYPES is dc.HYBRID_MODEL_TYPES
+    assert "import fleetspec" not in Path(source).read_text() and "from fleetspec" not in Path(source).read_text()
+    assert model_config.is_hybrid_config is hybrid.is_hybrid_config
+    assert model_config.parse(json.dumps(HYBRID[1])).is_hybrid and not model_config.parse(json.dumps(PLAIN[0])).is_hybrid
 
 
 def test_preflight_module_does_not_import_torch():

@@ -6,7 +6,6 @@ one fall back with a note."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fleetspec.model import kernel as K  # noqa: E402
+from fleetspec.model import payload  # noqa: E402
 from fleetspec.ops import smoke  # noqa: E402
 from fleetspec.ops.switching import kernel_path  # noqa: E402
 
@@ -28,11 +28,7 @@ PAYLOAD = REPO / "playbooks/ddtree/payload"
 
 
 def _payload(name: str):
-    spec = importlib.util.spec_from_file_location(name, PAYLOAD / "ddtree_utils.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return payload.load("ddtree_utils", name)
 
 
 @pytest.fixture(scope="module")

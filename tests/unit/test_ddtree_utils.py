@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-PAYLOAD = Path(__file__).resolve().parents[2] / "playbooks/ddtree/payload/ddtree_utils.py"
+from fleetspec.model import payload  # noqa: E402
+
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("ddtree_utils_under_test", PAYLOAD)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return payload.load("ddtree_utils", "ddtree_utils_under_test")
 
 
 du = _load()

@@ -16,6 +16,7 @@ import pytest
 
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
+from fleetspec.model.layout import local_mirror
 from fleetspec.ops import history as H
 from fleetspec.remote.transport import TransportPool
 from tests.conftest import free_port
@@ -39,7 +40,7 @@ def story(tmp_path_factory, ssh_client_key):
         "           vars: {service: sglang-qwen.service}}\n"
         "hosts:\n  ct203: {address: 127.0.0.1, port: %d}\n" % (ssh_client_key, root / "known_hosts", free_port()))
     host = load_inventory(root / "inventory" / "lab.yaml").hosts["ct203"]
-    mirror = H.mirror_dir(root, host)
+    mirror = local_mirror(root, host.name, host.vars.service)
     mirror.mkdir(parents=True)
     text = (FIXTURE / "story.jsonl").read_text()
     (mirror / "ledger.jsonl").write_text(text)

@@ -3,7 +3,6 @@ reference, and refused by check_abi wherever the host's ABI facts differ."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -17,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from fleetspec.errors import ConfigError, UserError  # noqa: E402
 from fleetspec.model import kernel as K  # noqa: E402
+from fleetspec.model import payload  # noqa: E402
 from fleetspec.remote.facts import torch as torch_fact  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,11 +24,7 @@ SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"
 
 
 def _ddtree_utils():
-    spec = importlib.util.spec_from_file_location("ddtree_utils_for_kernel", REPO / "playbooks/ddtree/payload/ddtree_utils.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return payload.load("ddtree_utils", "ddtree_utils_for_kernel")
 
 
 @pytest.fixture(scope="module")

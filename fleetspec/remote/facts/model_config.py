@@ -1,6 +1,7 @@
 """A model's config.json and whether it is hybrid (linear-attention / recurrent layers).
 
-Hybrid targets leak recurrent state across tree branches, so playbooks treat them differently.
+Hybrid targets leak recurrent state across tree branches, so playbooks treat them differently;
+the rule is fleetspec.model.hybrid's (the payload's, loaded once).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetspec.model.hybrid import is_hybrid_config
+
 MISSING = "__FLEETSPEC_NO_CONFIG__"
-_HYBRID_WORDS = ("linear_attention", "linear-attention", "mamba", "gated_delta", "deltanet", "recurrent", "ssm")
 
 
 @dataclass
@@ -31,33 +33,10 @@ def command(path: str) -> str:
     return f"if [ -r {f} ]; then cat {f}; else echo {MISSING}; fi"
 
 
-def _fallback_is_hybrid(config: dict) -> bool:
-    for cfg in (config, config.get("text_config") or {}):
-        if not isinstance(cfg, dict):
-            continue
-        for key in ("layer_types", "layers_block_type"):
-            kinds = cfg.get(key) or []
-            if any(isinstance(k, str) and any(w in k.lower() for w in _HYBRID_WORDS) for k in kinds):
-                return True
-        if cfg.get("hybrid_override_pattern") or cfg.get("attn_layer_indices") is not None:
-            return True
-        if any(k.startswith(("linear_num_", "mamba_")) for k in cfg):
-            return True
-    return False
-
-
-def is_hybrid(config: dict) -> bool:
-    try:
-        from fleetspec.model.hybrid import is_hybrid_config
-    except ImportError:
-        return _fallback_is_hybrid(config)
-    return bool(is_hybrid_config(config))
-
-
 def parse(stdout: str, path: str = "") -> ModelConfig:
     if stdout.strip() == MISSING:
         return ModelConfig(path=path, found=False)
     config = json.loads(stdout)
     if not isinstance(config, dict):
         raise ValueError("config.json is not a JSON object")
-    return ModelConfig(path=path, found=True, config=config, is_hybrid=is_hybrid(config))
+    return ModelConfig(path=path, found=True, config=config, is_hybrid=is_hybrid_config(config))
