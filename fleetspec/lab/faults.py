@@ -70,35 +70,37 @@ def _write_script(faults: dict) -> str:
             f" && mv {shlex.quote(tmp)} {shlex.quote(FAULTS)}")
 
 
+def _disk_script(*steps: str) -> str:
+    """`set -e` and the steps, with {d}, {lo} and {t} the quoted folders of the disk-full overlay."""
+    folders = {"d": shlex.quote(DISK), "lo": shlex.quote(DISK_LOWER), "t": shlex.quote(DISK_UPPER)}
+    return "\n".join(["set -e", *(step.format(**folders) for step in steps)])
+
+
 def disk_full_script() -> str:
     """/var/lib/fleetspec becomes an overlay whose writable layer is a full tmpfs: everything reads
     as before, every write fails with ENOSPC. Nothing is copied (a state folder of many releases
     took minutes to copy in and out, and a clear cut short by its timeout lost it all)."""
-    d, lo, t = shlex.quote(DISK), shlex.quote(DISK_LOWER), shlex.quote(DISK_UPPER)
-    return "\n".join([
-        "set -e",
-        f"mountpoint -q {d} && exit 0",
-        f"mkdir -p {d} {lo} {t}",
-        f"mount --bind {d} {lo}",
-        f"mount --make-private {lo}",  # else the mounts below would propagate onto it (shared /)
-        f"mount -t tmpfs -o size=64k,mode=0755 fleetspec-lab-disk-full {t}",
-        f"mkdir -p {t}/upper {t}/work",
-        f"dd if=/dev/zero of={t}/fill bs=4k 2>/dev/null || true",
-        f"mount -t overlay fleetspec-lab-disk-full -o lowerdir={lo},upperdir={t}/upper,workdir={t}/work {d}",
-    ])
+    return _disk_script(
+        "mountpoint -q {d} && exit 0",
+        "mkdir -p {d} {lo} {t}",
+        "mount --bind {d} {lo}",
+        "mount --make-private {lo}",  # else the mounts below would propagate onto it (shared /)
+        "mount -t tmpfs -o size=64k,mode=0755 fleetspec-lab-disk-full {t}",
+        "mkdir -p {t}/upper {t}/work",
+        "dd if=/dev/zero of={t}/fill bs=4k 2>/dev/null || true",
+        "mount -t overlay fleetspec-lab-disk-full -o lowerdir={lo},upperdir={t}/upper,workdir={t}/work {d}",
+    )
 
 
 def disk_clear_script() -> str:
     """Take the overlay away: the real folder, never written during the fault, is back as it was."""
-    d, lo, t = shlex.quote(DISK), shlex.quote(DISK_LOWER), shlex.quote(DISK_UPPER)
-    return "\n".join([
-        "set -e",
-        f"mountpoint -q {lo} || exit 0",
-        f"if mountpoint -q {d}; then umount {d}; fi",
-        f"if mountpoint -q {t}; then umount {t}; fi",
-        f"umount {lo}",
-        f"rmdir {lo} {t} 2>/dev/null || true",
-    ])
+    return _disk_script(
+        "mountpoint -q {lo} || exit 0",
+        "if mountpoint -q {d}; then umount {d}; fi",
+        "if mountpoint -q {t}; then umount {t}; fi",
+        "umount {lo}",
+        "rmdir {lo} {t} 2>/dev/null || true",
+    )
 
 
 def _run(root: Path, address: str, host: str, script: str, what: str) -> None:

@@ -9,13 +9,15 @@ Pure: a dict in, an answer out.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from fleetspec.model import payload
 
 _RULE = payload.load("ddtree_config")
 
 HYBRID_MODEL_TYPES: frozenset[str] = _RULE.HYBRID_MODEL_TYPES
-hybrid_reason = _RULE.hybrid_reason
+hybrid_reason: Callable[[object], str | None] = _RULE.hybrid_reason   # why a config.json is hybrid, or None
 
 
-def is_hybrid_config(config: dict) -> bool:
+def is_hybrid_config(config: object) -> bool:
     return hybrid_reason(config) is not None

@@ -9,9 +9,14 @@ from pathlib import Path, PurePosixPath
 STATE_ROOT = PurePosixPath("/var/lib/fleetspec")
 
 
-def _under(where: str, name: str, doc: str = "") -> property:
-    """A path `name` under `self.<where>` (`base`: the service's folder; `root`: the state root)."""
-    return property(lambda self: getattr(self, where) / name, doc=doc)
+class _Under:
+    """A path `name` under the layout's `where` folder (`base`: the service's; `root`: the state root)."""
+
+    def __init__(self, where: str, name: str) -> None:
+        self.where, self.name = where, name
+
+    def __get__(self, layout: object, owner: type | None = None) -> PurePosixPath:
+        return PurePosixPath(getattr(layout, self.where), self.name)
 
 
 @dataclass(frozen=True)
@@ -23,14 +28,13 @@ class HostLayout:
     def base(self) -> PurePosixPath:
         return self.root / self.service.removesuffix(".service")
 
-    baseline = _under("base", "baseline")
-    releases = _under("base", "releases")
-    current = _under("base", "current")
-    ledger = _under("base", "ledger.jsonl")
-    lock = _under("base", "lock")
-    run = _under("root", "run", "Root-only (0700) folder where remote python starts and scratch folders are made.")
-    objects = _under("root", "objects",
-                     "Content-addressed store of uploaded files (sha256 names), so nothing is sent twice.")
+    baseline = _Under("base", "baseline")
+    releases = _Under("base", "releases")
+    current = _Under("base", "current")
+    ledger = _Under("base", "ledger.jsonl")
+    lock = _Under("base", "lock")
+    run = _Under("root", "run")            # root-only (0700): where remote python starts, scratch folders
+    objects = _Under("root", "objects")    # content-addressed uploads (sha256 names): nothing is sent twice
 
     def release(self, release_id: str) -> PurePosixPath:
         return self.releases / release_id

@@ -28,6 +28,7 @@ def load(name: str, module_name: str | None = None) -> ModuleType:
         raise ImportError(f"{path}: the DDTree payload is missing (fleetspec runs from its source "
                           f"checkout, installed with pip install -e .)")
     spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None   # a .py path always has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:

@@ -67,20 +67,10 @@ def extract_word(text: str, i: int) -> tuple[str | None, int]:
     quote = None
     while i < n:
         c = text[i]
-        if quote:
-            if c == quote:
-                quote = None
-                i += 1
-            elif c == "\\":
-                ch, i = _cunescape_one(text, i + 1)
-                out.append(ch)
-            else:
-                out.append(c)
-                i += 1
-        elif c in WHITESPACE:
+        if quote is None and c in WHITESPACE:
             break
-        elif c in "\"'":
-            quote = c
+        if c == quote or (quote is None and c in "\"'"):   # a quote closes, or one opens outside quotes
+            quote = None if c == quote else c
             i += 1
         elif c == "\\":
             ch, i = _cunescape_one(text, i + 1)
