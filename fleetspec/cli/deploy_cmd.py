@@ -9,7 +9,6 @@ import sys
 
 import click
 
-from fleetspec.errors import FleetspecError
 from fleetspec.cli.completion import complete_algos, complete_hosts, complete_releases, complete_targets
 from fleetspec.cli.output import Progress, echo_table
 
@@ -49,9 +48,9 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     if not plan_only and not yes and sys.stdin.isatty():
         click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
     progress = Progress(enabled=not as_json)
-    outcomes = fleet.deploy_fleet(obj, hosts, playbook, options=options, strategy=strategy, plan_only=plan_only,
-                                  mode=mode,
-                                  run_gates=not no_gates, echo=progress.echo, progress=progress.line,
+    outcomes = fleet.deploy_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
+                                  strategy=strategy, plan_only=plan_only, mode=mode, run_gates=not no_gates,
+                                  echo=progress.echo, progress=progress.line,
                                   pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
     progress.line(None)
     if as_json:
@@ -132,20 +131,12 @@ def rollback(obj, targets, to, as_json):
     \b
     Example: fleetspec rollback ct129 --to baseline
     """
-    from fleetspec.ops.rollback import rollback as do_rollback
+    from fleetspec.ops.fleet import rollback_fleet
 
     progress = Progress(enabled=not as_json)
-    results, code = [], 0
-    for host in obj.select(targets, False):
-        try:
-            out = do_rollback(obj.transport(host), host, obj.root_path, None if to in (None, "baseline") else to,
-                              echo=progress.echo, progress=progress.line)
-            results.append(out.to_json())
-        except FleetspecError as err:
-            code = max(code, err.exit_code)
-            results.append({"host": host.name, "status": "error", "reason": str(err), "exit_code": err.exit_code})
-            if not as_json:
-                click.echo(f"fleetspec: {err}", err=True)
+    results, code = rollback_fleet(obj.select(targets, False), to, connect=obj.transport, root=obj.root_path,
+                                   echo=progress.echo, progress=progress.line,
+                                   on_error=lambda err: None if as_json else click.echo(f"fleetspec: {err}", err=True))
     progress.line(None)
     if as_json:
         for r in results:

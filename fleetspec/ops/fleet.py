@@ -11,9 +11,13 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 from fleetspec.errors import FleetspecError, UserError
 from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest
+
+Connect = Callable[[Any], Any]   # host -> its transport (the command's pool keeps one per host)
 
 
 def _count(spec: str, total: int, what: str) -> int:
@@ -55,14 +59,13 @@ class Strategy:
         return out
 
 
-def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, progress, pause_at=None,
-               mode="release") -> DeployOutcome:
+def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_only, run_gates, echo, progress,
+               pause_at=None, mode="release") -> DeployOutcome:
     """One host, start to end; every error becomes an outcome so the fleet goes on."""
     try:
-        t = obj.transport(host)
-        req = DeployRequest(host=host, playbook=playbook, root=obj.root_path, plan_only=plan_only, mode=mode,
+        req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
                             options=options, run_gates=run_gates, pause_at=pause_at)
-        return Deploy(t, req, echo=echo, progress=progress).run()
+        return Deploy(connect(host), req, echo=echo, progress=progress).run()
     except FleetspecError as err:
         status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
         if status != "refused":
@@ -73,8 +76,10 @@ def deploy_one(obj, host, playbook, *, options, plan_only, run_gates, echo, prog
         return out
 
 
-def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only=False, run_gates=True,
-                 echo=print, progress=lambda _: None, pause_at=None, mode="release") -> list[DeployOutcome]:
+def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, plan_only=False,
+                 run_gates=True, echo=print, progress=lambda _: None, pause_at=None,
+                 mode="release") -> list[DeployOutcome]:
+    """`connect(host)` gives the host's transport (one per host, reused); `root` is the fleet root."""
     outcomes: dict[str, DeployOutcome] = {}
     stop = threading.Event()
     failures = 0
@@ -83,9 +88,9 @@ def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only
             break
         width = min(len(batch), strategy.parallel or len(batch))
         pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="deploy")
-        futures = {h.name: pool.submit(deploy_one, obj, h, playbook, options=options, plan_only=plan_only,
-                                       run_gates=run_gates, echo=echo, progress=progress, pause_at=pause_at,
-                                       mode=mode)
+        futures = {h.name: pool.submit(deploy_one, h, playbook, connect=connect, root=root, options=options,
+                                       plan_only=plan_only, run_gates=run_gates, echo=echo, progress=progress,
+                                       pause_at=pause_at, mode=mode)
                    for h in batch}
         try:
             for name, fut in futures.items():
@@ -107,11 +112,11 @@ def deploy_fleet(obj, hosts, playbook, *, options, strategy: Strategy, plan_only
     for h in skipped:
         outcomes[h.name] = DeployOutcome(h.name, "skipped", reason="not started: the rollout stopped", exit_code=1)
     if stop.is_set() and strategy.rollback_all_on_abort and not plan_only:
-        _rollback_moved(obj, hosts, outcomes, echo, progress)
+        _rollback_moved(connect, root, hosts, outcomes, echo, progress)
     return [outcomes[h.name] for h in hosts]
 
 
-def _rollback_moved(obj, hosts, outcomes, echo, progress) -> None:
+def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progress) -> None:
     """Each host this run moved goes back to where this run found it (the release it was on, or
     its baseline), not to its baseline: an aborted rollout undoes only itself."""
     from fleetspec.model.release import BASELINE
@@ -123,8 +128,29 @@ def _rollback_moved(obj, hosts, outcomes, echo, progress) -> None:
             continue
         back = None if o.previous in (None, BASELINE) else o.previous
         try:
-            rollback(obj.transport(h), h, obj.root_path, back, echo=echo, progress=progress)
+            rollback(connect(h), h, root, back, echo=echo, progress=progress)
             o.status, o.exit_code = "rolled_back", 1
             o.reason = f"rolled back to {back or BASELINE}: the rollout was aborted"
         except FleetspecError as err:
             o.status, o.reason, o.exit_code = "needs_attention", f"abort rollback failed: {err}", 3
+
+
+def rollback_fleet(hosts, to: str | None, *, connect: Connect, root: Path, echo=print, progress=lambda _: None,
+                   on_error: Callable[[FleetspecError], None] = lambda err: None) -> tuple[list[dict], int]:
+    """`fleetspec rollback`: each host in turn back to `to` (None or "baseline": its baseline).
+    A host that cannot be rolled back is a row of its own and the others still go; returns the
+    rows and the exit code (the worst host's)."""
+    from fleetspec.model.release import BASELINE
+    from fleetspec.ops.rollback import rollback
+
+    rows, code = [], 0
+    for host in hosts:
+        try:
+            out = rollback(connect(host), host, root, None if to in (None, BASELINE) else to, echo=echo,
+                           progress=progress)
+            rows.append(out.to_json())
+        except FleetspecError as err:
+            code = max(code, err.exit_code)
+            rows.append({"host": host.name, "status": "error", "reason": str(err), "exit_code": err.exit_code})
+            on_error(err)
+    return rows, code

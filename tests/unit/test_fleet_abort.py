@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import PurePosixPath
 from types import SimpleNamespace
@@ -25,14 +26,13 @@ def test_an_aborted_rollout_returns_each_moved_host_to_its_own_previous_state(mo
                "b": DeployOutcome("b", "healthy", "R-b-new", previous="baseline"),
                "c": DeployOutcome("c", "rolled_back", "R-c-new", failed_step="probes", exit_code=1,
                                   previous="R-c-old")}
-    monkeypatch.setattr(fleet, "deploy_one", lambda obj, h, *a, **k: results[h.name])
+    monkeypatch.setattr(fleet, "deploy_one", lambda h, *a, **k: results[h.name])
     went = {}
     monkeypatch.setattr("fleetspec.ops.rollback.rollback",
                         lambda t, h, root, to, **k: went.setdefault(h.name, to))
-    obj = SimpleNamespace(transport=lambda h: None, root_path=tmp_path)
     strategy = fleet.Strategy.parse(3, canary=0, serial="3", max_fail="0", parallel=0, rollback_all_on_abort=True)
-    out = {o.host: o for o in fleet.deploy_fleet(obj, hosts, None, options={}, strategy=strategy,
-                                                  echo=lambda line: None)}
+    out = {o.host: o for o in fleet.deploy_fleet(hosts, None, connect=lambda h: None, root=tmp_path, options={},
+                                                  strategy=strategy, echo=lambda line: None)}
     assert went == {"a": "R-a-old", "b": None}            # c reverted itself; it is not touched again
     assert out["a"].status == "rolled_back" and "R-a-old" in out["a"].reason
     assert out["b"].status == "rolled_back" and "baseline" in out["b"].reason
@@ -69,3 +69,27 @@ def test_a_deploy_outcome_names_the_release_the_host_was_on(t, tmp_path, monkeyp
     t.run_script(f"mkdir -p {release} && ln -sfn {release} {d.state.layout.current}", timeout=10, check=True)
     out = d.run()
     assert out.failed_step == "stage" and out.previous == "20990101T000000Z-ddtree-old"
+
+
+def test_rollback_of_several_hosts_goes_on_past_one_that_fails(tmp_path, ssh_client_key):
+    """ops.fleet.rollback_fleet, through the real CLI and real connections: a host that cannot be
+    reached is a row of its own with its error, the next host is still tried, and the exit code is
+    the worst host's."""
+    from click.testing import CliRunner
+
+    from fleetspec.cli import main
+    from tests.conftest import free_port
+
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "inventory" / "lab.yaml").write_text(
+        "defaults: {ssh_key: %s, known_hosts: /dev/null, connect_timeout: 1}\n"
+        "hosts:\n  a: {address: 127.0.0.1, port: %d}\n  b: {address: 127.0.0.1, port: %d}\n"
+        % (ssh_client_key, free_port(), free_port()))
+    r = CliRunner().invoke(main, ["--root", str(tmp_path), "rollback", "a", "b", "--json"])
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.exit_code == 1 and [(row["host"], row["status"]) for row in rows] == [("a", "error"), ("b", "error")]
+    assert all("cannot reach 127.0.0.1" in row["reason"] for row in rows)
+    plain = CliRunner().invoke(main, ["--root", str(tmp_path), "rollback", "a", "b"])
+    assert plain.exit_code == 1 and plain.stderr.count("fleetspec: a: cannot reach") == 1
+    assert plain.stderr.count("fleetspec: b: cannot reach") == 1
