@@ -118,9 +118,5 @@ def environment(root: str | Path | None = None) -> jinja2.Environment:
     return env
 
 
-def render_template(root: str | Path, name: str, context: Mapping) -> str:
-    return environment(root).get_template(name).render(**context)
-
-
 def render_string(template: str, context: Mapping) -> str:
     return environment().from_string(template).render(**context)

@@ -6,7 +6,7 @@ inventory only stops the commands that need one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -16,7 +16,6 @@ class Context:
     root: str | None = None
     inventory: str | None = None
     accept_new_host_key: bool = False
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def root_path(self) -> Path:
@@ -36,11 +35,6 @@ class Context:
         from fleetspec.model.inventory import load_inventory
 
         return load_inventory(self.inventory_path)
-
-    @property
-    def inventory_obj(self):
-        """Alias of `inv` (an earlier name other commands may use)."""
-        return self.inv
 
     def select(self, tokens=(), all_hosts: bool = False, default_all: bool = False) -> list:
         """Hosts named by HOST / @group / --all; nothing named is an error unless default_all."""
@@ -68,7 +62,3 @@ class Context:
 
     def transport(self, host):
         return self.pool.get(host)
-
-    def close(self) -> None:
-        if "pool" in self.__dict__:
-            self.pool.close_all()

@@ -55,11 +55,10 @@ def bench_host(t, host, root, runs: list[tuple[str, dict]], *, concurrency=(1, 4
             rows.append(row)
             echo(f"[{host.name}] {algo} {options or ''}: {row.figures}")
     finally:
-        back = None if start_on is None else start_on
         try:
-            rollback(t, host, root, back, echo=echo, progress=progress)
+            rollback(t, host, root, start_on, echo=echo, progress=progress)
         except FleetspecError as err:
-            raise DeployFailed(f"{host.name}: benchmark done but returning to {back or 'baseline'} failed: {err}")
+            raise DeployFailed(f"{host.name}: benchmark done but returning to {start_on or 'baseline'} failed: {err}")
         for rid in made:   # benchmark releases are not rollback targets
             if state.ledger().releases().get(rid) == L.HEALTHY:
                 state.record(L.Entry.status(rid, L.SUPERSEDED, reason="benchmark run"))

@@ -9,7 +9,6 @@ the unit and drop-ins keep their source's mode or tighter (a drop-in may hold a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from fleetspec.model import ledger as ledger_model
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.layout import STATE_ROOT, HostLayout
 from fleetspec.model.names import is_name
-from fleetspec.model.release import BASELINE, Release
+from fleetspec.model.release import Release
 from fleetspec.remote import files
 
 q = shlex.quote
@@ -194,9 +193,6 @@ class HostState:
         path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
         return self.t.run_script(f"test -f {q(str(path))}", timeout=30, check=False).rc == 0
 
-    def healthy_releases(self) -> list[str]:
-        return [r for r, s in self.ledger().releases().items() if s == ledger_model.HEALTHY]
-
     def dropin_bytes(self) -> bytes | None:
         """fleetspec's drop-in as on the host now (under its current or its legacy name)."""
         for path in (self.dropin, *legacy_dropin_paths(self.service)):
@@ -204,9 +200,6 @@ class HostState:
             if text != ABSENT:
                 return text.encode()
         return None
-
-    def target_label(self, release_id: str | None) -> str:
-        return release_id or BASELINE
 
 
 def _release_name(release_id: str, host: str) -> str:
@@ -259,10 +252,3 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def load_json(text: str) -> dict:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {}
