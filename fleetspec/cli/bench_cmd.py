@@ -10,7 +10,8 @@ from fleetspec.cli.output import Progress, echo_table
 
 
 def _runs(obj, specs):
-    from fleetspec.model.playbook import load_playbook_for, parse_overrides
+    from fleetspec.model.overrides import parse_overrides
+    from fleetspec.model.playbook import load_playbook_for
 
     runs = []
     for spec in specs:

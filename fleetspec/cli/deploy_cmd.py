@@ -37,7 +37,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     \b
     Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
     """
-    from fleetspec.model.playbook import load_playbook_for, parse_overrides
+    from fleetspec.model.overrides import parse_overrides
+    from fleetspec.model.playbook import load_playbook_for
     from fleetspec.ops import fleet
 
     hosts = obj.select(targets, all_hosts)

@@ -3,7 +3,8 @@
 import pytest
 
 from fleetspec.errors import UserError
-from fleetspec.model.playbook import load_playbook, parse_overrides
+from fleetspec.model.overrides import parse_overrides
+from fleetspec.model.playbook import load_playbook
 from fleetspec.ops.argv import (derive_argv, render_flags, resolve_options,
                                 speculative_algorithm_from_argv, split_speculative)
 
