@@ -31,7 +31,7 @@ def command(path: str) -> str:
     return f"if [ -r {f} ]; then cat {f}; else echo {MISSING}; fi"
 
 
-def _fallback_is_hybrid(config: dict) -> bool:
+def _fallback_is_hybrid(config: dict[str, Any]) -> bool:
     for cfg in (config, config.get("text_config") or {}):
         if not isinstance(cfg, dict):
             continue
@@ -46,7 +46,7 @@ def _fallback_is_hybrid(config: dict) -> bool:
     return False
 
 
-def is_hybrid(config: dict) -> bool:
+def is_hybrid(config: dict[str, Any]) -> bool:
     try:
         from fleetspec.model.hybrid import is_hybrid_config
     except ImportError:

@@ -27,10 +27,11 @@ def parse(data: dict[str, Any]) -> ServerInfo:
         raise ValueError("/server_info did not return a JSON object")
     launch = data.get("launch_command")
     if isinstance(launch, str):
+        text = launch
         try:
-            launch = shlex.split(launch)
+            launch = shlex.split(text)
         except ValueError:
-            launch = launch.split()
+            launch = text.split()
     elif not isinstance(launch, list):
         launch = None
     accept = None
@@ -43,7 +44,7 @@ def parse(data: dict[str, Any]) -> ServerInfo:
                       version=data.get("version"), avg_spec_accept_length=accept, raw=data)
 
 
-def fetch(transport, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
+def fetch(transport: Any, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     r = transport.http("GET", port, "/server_info", timeout=timeout, headers=headers)
     if r.status != 200:
