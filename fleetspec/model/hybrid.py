@@ -17,7 +17,7 @@ _RECURRENT_KEYS = ("full_attention_interval", "linear_conv_kernel_dim", "linear_
 _NESTED = ("text_config", "language_config", "llm_config", "thinker_config")
 
 
-def hybrid_reason(config: dict, _depth: int = 0) -> str | None:
+def hybrid_reason(config: object, _depth: int = 0) -> str | None:
     """Why `config` (a parsed config.json) is hybrid, or None when every layer is attention."""
     if not isinstance(config, dict):
         return None
@@ -47,5 +47,5 @@ def hybrid_reason(config: dict, _depth: int = 0) -> str | None:
     return None
 
 
-def is_hybrid_config(config: dict) -> bool:
+def is_hybrid_config(config: object) -> bool:
     return hybrid_reason(config) is not None

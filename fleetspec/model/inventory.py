@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.names import is_service
-from fleetspec.model.yamlload import Fields, describe, load_yaml_file
+from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
 POLICIES = ("strict", "accept-new")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")      # fullmatch: `$` would let a trailing newline in
@@ -59,7 +59,7 @@ class HostVars:
         return view
 
 
-VAR_KINDS: dict[str, type | tuple] = {
+VAR_KINDS: dict[str, Kind] = {
     "python": str, "service": str, "api_port": int, "model_path": str, "draft_model_path": str,
     "gpu_count": int, "tags": list, "api_key": dict, "extra": dict,
 }
@@ -195,7 +195,7 @@ def load_inventory(path: str | Path) -> Inventory:
                 raise ConfigError(path, f"{key}[{i}]", f"unknown host {member!r} (not under hosts)")
         groups[gname] = tuple(dict.fromkeys(members))
 
-    group_vars: dict[str, dict] = {}
+    group_vars: dict[str, dict[str, Any]] = {}
     for gname in group_vars_f.data:
         if gname not in groups:
             group_vars_f.fail(str(gname), "no such group under groups")
@@ -226,7 +226,7 @@ def load_inventory(path: str | Path) -> Inventory:
     return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
 
 
-def _connection_fields(f: Fields, path: Path, base: dict) -> dict:
+def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str, Any]:
     """user, port, keys, policy and timeouts; relative paths are relative to the inventory file."""
     out = dict(base)
     out["user"] = f.get("user", str, out.get("user", "root"))
@@ -260,7 +260,7 @@ def _check_vars(f: Fields) -> None:
     f.done()
 
 
-def _build_vars(merged: dict, path: Path, key: str) -> HostVars:
+def _build_vars(merged: dict[str, Any], path: Path, key: str) -> HostVars:
     values = dict(merged)
     if "tags" in values:
         tags = values["tags"]

@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Sequence
+from typing import Any, Sequence
 
 from fleetspec.errors import UserError
 
@@ -68,13 +68,13 @@ class OptionTable:
     required: tuple[str, ...] = ()           # dests argparse insists on (--model-path)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "OptionTable":
+    def from_dict(cls, data: dict[str, Any]) -> "OptionTable":
         return cls(version=data["version"], options={k: (v[0], v[1]) for k, v in data["options"].items()},
                    allow_abbrev=bool(data.get("allow_abbrev", True)),
                    negative_number_optionals=bool(data.get("negative_number_optionals", False)),
                    required=tuple(data.get("required", ())))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "allow_abbrev": self.allow_abbrev,
                 "negative_number_optionals": self.negative_number_optionals, "required": list(self.required),
                 "options": {k: list(v) for k, v in sorted(self.options.items())}}
@@ -110,7 +110,8 @@ class OptionTable:
         if token.startswith("--"):
             if not self.allow_abbrev:
                 return []
-            prefix, explicit = (token.split("=", 1) + [None])[:2] if "=" in token else (token, None)
+            prefix, eq, value = token.partition("=")
+            explicit = value if eq else None
             for opt in self.options:
                 if opt.startswith(prefix):
                     out.append((opt, explicit))
@@ -187,7 +188,7 @@ class Item:
 
     @property
     def speculative(self) -> bool:
-        return bool(self.dest) and self.dest.startswith(SPEC_DEST_PREFIX)
+        return bool(self.dest and self.dest.startswith(SPEC_DEST_PREFIX))
 
 
 def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_SERVER,
@@ -228,6 +229,7 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
             raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
                                 f"sglang {table.version}'s parser does not know it (the service could "
                                 f"not start with it on this version)", "fix the ExecStart first")
+        assert option is not None  # the verdict is "ok"
         dest, nargs = table.options[option]
         j = i + 1
         if explicit is not None:
@@ -292,7 +294,7 @@ def serve_positional(version: str) -> bool:
     return _version_key(version) >= _version_key("0.5.23")
 
 
-def _version_key(version: str) -> tuple:
+def _version_key(version: str) -> tuple[tuple[int, str], ...]:
     parts = []
     for piece in re.split(r"[.+]", version):
         m = re.match(r"^(\d+)(.*)$", piece)
@@ -340,7 +342,8 @@ def classify(argv: Sequence[str], *, path: str | None = None, prefix: str = "") 
                         "(a wrapper script may add or rewrite flags)", PLAIN)
 
 
-def _classify_python(argv, i, rest, path, prefix, envs) -> LaunchForm:
+def _classify_python(argv: list[str], i: int, rest: list[str], path: str, prefix: str,
+                     envs: tuple[str, ...]) -> LaunchForm:
     """Walk python's own options (clusters such as `-um` too) to `-m MODULE`."""
     k = 0
     while k < len(rest):
@@ -419,7 +422,7 @@ def derive(form: LaunchForm, table: OptionTable, flags: Sequence[str], *, carry:
     flag_dests = set()
     for token in flags:
         found = table.resolve(token)
-        if found and found[2] == "ok":
+        if found and found[0] is not None and found[2] == "ok":
             flag_dests.add(table.options[found[0]][0])
     carry_dests = {_dest_of(table, c) for c in carry} - {None}
     drop_dests = {_dest_of(table, d) for d in drop} - {None}
@@ -451,7 +454,7 @@ def _dest_of(table: OptionTable, name: str) -> str | None:
     if not name.startswith("-"):
         return name
     found = table.resolve(name)
-    return table.options[found[0]][0] if found and found[2] == "ok" else None
+    return table.options[found[0]][0] if found and found[0] is not None and found[2] == "ok" else None
 
 
 def algorithm_of(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_SERVER,
