@@ -7,6 +7,8 @@ Pure: a dict in, an answer out. The payload's ddtree_config.py carries the same 
 
 from __future__ import annotations
 
+from typing import Any
+
 HYBRID_MODEL_TYPES = frozenset({
     "qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba",
     "bamba", "zamba", "zamba2", "mamba", "mamba2", "lfm2", "lfm2_moe", "kimi_linear", "jet_nemotron",
@@ -21,6 +23,18 @@ def hybrid_reason(config: object, _depth: int = 0) -> str | None:
     """Why `config` (a parsed config.json) is hybrid, or None when every layer is attention."""
     if not isinstance(config, dict):
         return None
+    reason = _own_reason(config)
+    if reason or _depth >= 2:
+        return reason
+    for key in _NESTED:
+        nested = hybrid_reason(config.get(key), _depth + 1)
+        if nested:
+            return f"{key}: {nested}"
+    return None
+
+
+def _own_reason(config: dict[str, Any]) -> str | None:
+    """hybrid_reason for this level only (not the nested text/language configs)."""
     model_type = config.get("model_type")
     if model_type in HYBRID_MODEL_TYPES:
         return f"model_type is {model_type!r}"
@@ -39,11 +53,6 @@ def hybrid_reason(config: object, _depth: int = 0) -> str | None:
     for key in config:
         if str(key).startswith(("mamba_", "ssm_")):
             return f"it sets {key}"
-    if _depth < 2:
-        for key in _NESTED:
-            reason = hybrid_reason(config.get(key), _depth + 1)
-            if reason:
-                return f"{key}: {reason}"
     return None
 
 

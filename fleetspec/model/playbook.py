@@ -187,7 +187,7 @@ def load_playbook(path: str | Path) -> Playbook:
 
 def _options(f: Fields) -> Mapping[str, Scalar]:
     out = {}
-    for name, value in f.data.items():
+    for name in f.data:
         if not isinstance(name, str) or not name.isidentifier():
             f.fail(str(name), "option names are identifiers (letters, digits, _)")
         out[name] = f.get(name, (bool, int, float, str))
