@@ -371,6 +371,30 @@ def _proxy_jump(path: Path, name: str, args: str) -> str | None:
 def _host_entry(path: Path, name: str, v: dict[str, Any], in_groups: list[str], depth: dict[str, Any],
                 overlay: dict[str, Any]) -> dict[str, Any]:
     """One host in fleetspec's own inventory shape, from its merged Ansible vars."""
+    entry = _connection_entry(path, name, v)
+    hvars: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if "ansible_python_interpreter" in v:
+        hvars["python"] = _text(path, name, "ansible_python_interpreter", v["ansible_python_interpreter"])
+    _fleetspec_vars(path, name, v, entry, hvars, extra)
+    if overlay:
+        _apply_overlay(overlay, name, in_groups, depth, entry, hvars, extra)
+    if extra:
+        hvars["extra"] = {**(hvars.get("extra") or {}), **extra}
+    entry.setdefault("known_hosts", str(Path(os.path.expanduser("~/.ssh/known_hosts"))))
+    for key in ("ssh_key", "known_hosts"):
+        if key in entry:
+            p = Path(str(entry[key])).expanduser()
+            entry[key] = str(p if p.is_absolute() else (path.parent / p).resolve())
+    entry["vars"] = hvars
+    ignored = [k for k in SECRET_KEYS if k in v]
+    if ignored:
+        entry["_ignored_secrets"] = ignored
+    return entry
+
+
+def _connection_entry(path: Path, name: str, v: dict[str, Any]) -> dict[str, Any]:
+    """address, port, user, ssh_key and jump from the ansible_* connection vars."""
     entry: dict[str, Any] = {}
     conn_keys = {"address": ("ansible_host", "ansible_ssh_host"), "port": ("ansible_port", "ansible_ssh_port"),
                  "user": ("ansible_user", "ansible_ssh_user"), "ssh_key": ("ansible_ssh_private_key_file",)}
@@ -391,10 +415,12 @@ def _host_entry(path: Path, name: str, v: dict[str, Any], in_groups: list[str], 
     if "ssh_key" in entry:
         p = Path(entry["ssh_key"]).expanduser()
         entry["ssh_key"] = str(p if p.is_absolute() else (path.parent / p).resolve())
-    hvars: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    if "ansible_python_interpreter" in v:
-        hvars["python"] = _text(path, name, "ansible_python_interpreter", v["ansible_python_interpreter"])
+    return entry
+
+
+def _fleetspec_vars(path: Path, name: str, v: dict[str, Any], entry: dict[str, Any], hvars: dict[str, Any],
+                    extra: dict[str, Any]) -> None:
+    """The fleetspec_* vars: connection keys into `entry`, known vars into `hvars`, others into `extra`."""
     for k, value in v.items():
         if not k.startswith("fleetspec_"):
             continue
@@ -413,30 +439,22 @@ def _host_entry(path: Path, name: str, v: dict[str, Any], in_groups: list[str], 
             hvars[short] = value
         else:
             extra[short] = value
-    if overlay:
-        src = overlay["_path"]
-        for key, value in (overlay.get("defaults") or {}).items():
-            if key not in CONNECTION:
-                raise ConfigError(src, f"defaults.{key}", f"unknown key (known: {', '.join(CONNECTION)})")
-            entry.setdefault(key, value) if key in ("ssh_key", "user", "port") else entry.__setitem__(key, value)
-        layers = [overlay.get("vars") or {}]
-        layers += [(overlay.get("group_vars") or {}).get(g) or {} for g in sorted(in_groups, key=lambda g: (depth[g], g))]
-        layers.append((overlay.get("host_vars") or {}).get(name) or {})
-        for layer in layers:
-            for key, value in layer.items():
-                if key == "extra" and isinstance(value, dict):
-                    extra.update(value)
-                else:
-                    hvars[key] = value
-    if extra:
-        hvars["extra"] = {**(hvars.get("extra") or {}), **extra}
-    entry.setdefault("known_hosts", str(Path(os.path.expanduser("~/.ssh/known_hosts"))))
-    for key in ("ssh_key", "known_hosts"):
-        if key in entry:
-            p = Path(str(entry[key])).expanduser()
-            entry[key] = str(p if p.is_absolute() else (path.parent / p).resolve())
-    entry["vars"] = hvars
-    ignored = [k for k in SECRET_KEYS if k in v]
-    if ignored:
-        entry["_ignored_secrets"] = ignored
-    return entry
+
+
+def _apply_overlay(overlay: dict[str, Any], name: str, in_groups: list[str], depth: dict[str, Any],
+                   entry: dict[str, Any], hvars: dict[str, Any], extra: dict[str, Any]) -> None:
+    """The fleetspec overlay file: its defaults, then vars, group_vars (shallow groups first), host_vars."""
+    src = overlay["_path"]
+    for key, value in (overlay.get("defaults") or {}).items():
+        if key not in CONNECTION:
+            raise ConfigError(src, f"defaults.{key}", f"unknown key (known: {', '.join(CONNECTION)})")
+        entry.setdefault(key, value) if key in ("ssh_key", "user", "port") else entry.__setitem__(key, value)
+    layers = [overlay.get("vars") or {}]
+    layers += [(overlay.get("group_vars") or {}).get(g) or {} for g in sorted(in_groups, key=lambda g: (depth[g], g))]
+    layers.append((overlay.get("host_vars") or {}).get(name) or {})
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "extra" and isinstance(value, dict):
+                extra.update(value)
+            else:
+                hvars[key] = value
