@@ -204,52 +204,69 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
     while i < len(args):
         token = args[i]
         if form == SERVE and (token == "--model-type" or token.startswith("--model-type=")):
-            value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
-            if value not in ("auto", "llm"):
-                raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
-                                    "only the LLM server runs speculative decoding", PLAIN)
-            n = 1 if "=" in token else 2
-            items.append(Item(tuple(args[i:i + n]), None, "--model-type"))
-            i += n
-            continue
-        if token == "--":
-            raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
-                                "positional argument, which sglang refuses", PLAIN)
-        found = table.resolve(token)
-        if found is None:
-            raise LaunchRefused(f"a command with the stray word {token!r}",
-                                f"sglang {table.version}'s parser takes no positional arguments "
-                                f"(it would exit with 'unrecognized arguments')", "fix the ExecStart first")
-        option, explicit, verdict = found
-        if verdict == "ambiguous":
-            raise LaunchRefused(f"a command with the ambiguous option {token!r}",
-                                f"sglang {table.version}'s parser refuses it (several options start so)",
-                                "spell the option out in full")
-        if verdict == "unknown":
-            raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
-                                f"sglang {table.version}'s parser does not know it (the service could "
-                                f"not start with it on this version)", "fix the ExecStart first")
-        assert option is not None  # the verdict is "ok"
-        dest, nargs = table.options[option]
-        j = i + 1
-        if explicit is not None:
-            if nargs == "0" and token.startswith("--"):
-                raise LaunchRefused(f"a command with {token!r}", f"{option} takes no value and sglang "
-                                    f"{table.version}'s parser refuses `=…`", "remove the value")
+            item, i = _model_type_item(args, i)
         else:
-            following = 0
-            while i + 1 + following < len(args) and table.resolve(args[i + 1 + following]) is None \
-                    and args[i + 1 + following] != "--":
-                following += 1
-            want = {"0": 0, "1": 1, "?": min(following, 1), "*": following, "+": following}.get(nargs)
-            if want is None:
-                want = int(nargs)
-            if want > following or (nargs == "+" and following == 0):
-                raise LaunchRefused(f"a command where {token!r} lacks its value",
-                                    f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
-            j = i + 1 + want
-        items.append(Item(tuple(args[i:j]), dest, option, explicit))
-        i = j
+            item, i = _option_item(args, i, table)
+        items.append(item)
+    _refuse_config_or_missing(items, table)
+    return items
+
+
+def _model_type_item(args: list[str], i: int) -> tuple[Item, int]:
+    """`sglang serve --model-type auto|llm` (the only types that run speculative decoding)."""
+    token = args[i]
+    value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
+    if value not in ("auto", "llm"):
+        raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
+                            "only the LLM server runs speculative decoding", PLAIN)
+    n = 1 if "=" in token else 2
+    return Item(tuple(args[i:i + n]), None, "--model-type"), i + n
+
+
+def _option_item(args: list[str], i: int, table: OptionTable) -> tuple[Item, int]:
+    """The option at args[i] with the values argparse gives it, and the index after them."""
+    token = args[i]
+    if token == "--":
+        raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
+                            "positional argument, which sglang refuses", PLAIN)
+    found = table.resolve(token)
+    if found is None:
+        raise LaunchRefused(f"a command with the stray word {token!r}",
+                            f"sglang {table.version}'s parser takes no positional arguments "
+                            f"(it would exit with 'unrecognized arguments')", "fix the ExecStart first")
+    option, explicit, verdict = found
+    if verdict == "ambiguous":
+        raise LaunchRefused(f"a command with the ambiguous option {token!r}",
+                            f"sglang {table.version}'s parser refuses it (several options start so)",
+                            "spell the option out in full")
+    if verdict == "unknown":
+        raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
+                            f"sglang {table.version}'s parser does not know it (the service could "
+                            f"not start with it on this version)", "fix the ExecStart first")
+    assert option is not None  # the verdict is "ok"
+    dest, nargs = table.options[option]
+    j = i + 1
+    if explicit is not None:
+        if nargs == "0" and token.startswith("--"):
+            raise LaunchRefused(f"a command with {token!r}", f"{option} takes no value and sglang "
+                                f"{table.version}'s parser refuses `=…`", "remove the value")
+    else:
+        following = 0
+        while i + 1 + following < len(args) and table.resolve(args[i + 1 + following]) is None \
+                and args[i + 1 + following] != "--":
+            following += 1
+        want = {"0": 0, "1": 1, "?": min(following, 1), "*": following, "+": following}.get(nargs)
+        if want is None:
+            want = int(nargs)
+        if want > following or (nargs == "+" and following == 0):
+            raise LaunchRefused(f"a command where {token!r} lacks its value",
+                                f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
+        j = i + 1 + want
+    return Item(tuple(args[i:j]), dest, option, explicit), j
+
+
+def _refuse_config_or_missing(items: list[Item], table: OptionTable) -> None:
+    """`--config FILE` (settings fleetspec cannot see) and the options sglang requires."""
     for item in items:
         if item.dest == "config":
             raise LaunchRefused("`--config FILE`", "sglang merges the file's settings (its speculative ones "
@@ -260,7 +277,6 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
         if not any(item.dest == dest for item in items):
             raise LaunchRefused(f"a command without the {dest} option", f"sglang {table.version}'s parser "
                                 f"requires it (the service could not start without it)", "fix the ExecStart first")
-    return items
 
 
 # Launch forms ---------------------------------------------------------------------------------------
