@@ -49,8 +49,16 @@ class AnsibleLoader(StrictLoader):
     """StrictLoader that knows Ansible's `!vault` and `!unsafe` tags."""
 
 
-AnsibleLoader.add_constructor("!vault", lambda loader, node: _Vault(loader.construct_scalar(node)))
-AnsibleLoader.add_constructor("!unsafe", lambda loader, node: str(loader.construct_scalar(node)))
+def _vault(loader: AnsibleLoader, node: yaml.ScalarNode) -> _Vault:
+    return _Vault(loader.construct_scalar(node))
+
+
+def _unsafe(loader: AnsibleLoader, node: yaml.ScalarNode) -> str:
+    return str(loader.construct_scalar(node))
+
+
+AnsibleLoader.add_constructor("!vault", _vault)
+AnsibleLoader.add_constructor("!unsafe", _unsafe)
 
 
 # ---- what kind of file is it -------------------------------------------------------------------
@@ -115,15 +123,15 @@ def detect(path: Path) -> str:
 class _Tree:
     def __init__(self, path: Path):
         self.path = path
-        self.hosts: dict[str, dict] = {}               # host -> inline vars (merged if listed twice)
-        self.groups: dict[str, dict] = {"all": {"hosts": [], "children": [], "vars": {}}}
+        self.hosts: dict[str, dict[str, Any]] = {}    # host -> inline vars (merged if listed twice)
+        self.groups: dict[str, dict[str, Any]] = {"all": {"hosts": [], "children": [], "vars": {}}}
 
-    def group(self, name: str) -> dict:
+    def group(self, name: str) -> dict[str, Any]:
         if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", name):
             raise ConfigError(self.path, name, "group names are letters, digits, '.', '_' or '-'")
         return self.groups.setdefault(name, {"hosts": [], "children": [], "vars": {}})
 
-    def add_host(self, group: str, name: str, hvars: dict, key: str) -> None:
+    def add_host(self, group: str, name: str, hvars: dict[str, Any], key: str) -> None:
         if re.search(r"\[[^\]]*:[^\]]*\]", name):
             raise ConfigError(self.path, key, f"host ranges like {name!r} are not supported; list the hosts")
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
@@ -183,7 +191,7 @@ def _parse_ini(path: Path, tree: _Tree) -> None:
         tree.add_host(section, words[0], hvars, key)
 
 
-def _parse_yaml(path: Path, data: dict, tree: _Tree) -> None:
+def _parse_yaml(path: Path, data: dict[str, Any], tree: _Tree) -> None:
     def walk(name: str, body: Any, key: str) -> None:
         if body is None:
             tree.group(name)
@@ -215,7 +223,7 @@ def _parse_yaml(path: Path, data: dict, tree: _Tree) -> None:
 
 # ---- group_vars/ host_vars/ folders --------------------------------------------------------------
 
-def _folder_vars(base: Path, name: str) -> dict:
+def _folder_vars(base: Path, name: str) -> dict[str, Any]:
     """<base>/<name>(.yml|.yaml|.json) and every such file in <base>/<name>/, in name order."""
     found: list[Path] = []
     for ext in ("", ".yml", ".yaml", ".json"):
@@ -224,7 +232,7 @@ def _folder_vars(base: Path, name: str) -> dict:
             found.append(p)
         elif ext == "" and p.is_dir():
             found += sorted(q for q in p.iterdir() if q.is_file() and q.suffix in (".yml", ".yaml", ".json", ""))
-    out: dict = {}
+    out: dict[str, Any] = {}
     for p in found:
         data = _yaml(p, p.read_text(encoding="utf-8", errors="replace"))
         if data is None:
@@ -235,7 +243,7 @@ def _folder_vars(base: Path, name: str) -> dict:
     return out
 
 
-def _check_vault(path: Path, where: str, values: dict) -> None:
+def _check_vault(path: Path, where: str, values: dict[str, Any]) -> None:
     for k, v in values.items():
         if isinstance(v, _Vault) or isinstance(v, str) and v.lstrip().startswith("$ANSIBLE_VAULT"):
             raise UserError(f"{path}: {where}.{k} is vault-encrypted; fleetspec does not decrypt Ansible vault "
@@ -246,7 +254,7 @@ def _check_vault(path: Path, where: str, values: dict) -> None:
 
 # ---- to fleetspec's own inventory data -----------------------------------------------------------
 
-def native_data(path: Path) -> dict | None:
+def native_data(path: Path) -> dict[str, Any] | None:
     """The inventory as fleetspec's own data (see DEVELOPING.md), or None for a native file."""
     kind = detect(path)
     if kind == "native":
@@ -271,10 +279,10 @@ def native_data(path: Path) -> dict | None:
         _check_vault(path, f"group {g}", body["vars"])
     overlay = _overlay(path)
 
-    hosts: dict[str, dict] = {}
+    hosts: dict[str, dict[str, Any]] = {}
     for name, inline in tree.hosts.items():
         in_groups = [g for g in tree.groups if name in members[g]]
-        merged: dict = {}
+        merged: dict[str, Any] = {}
         for g in sorted(in_groups, key=lambda g: (depth[g], g)):
             merged.update(tree.groups[g]["vars"])
         merged.update(inline)
@@ -300,13 +308,13 @@ def _parents(tree: _Tree) -> dict[str, list[str]]:
     return out
 
 
-def _depth(g: str, parents: dict, seen=()) -> int:
+def _depth(g: str, parents: dict[str, Any], seen: tuple[str, ...] = ()) -> int:
     if g == "all" or g in seen:
         return 0
     return 1 + max((_depth(p, parents, (*seen, g)) for p in parents[g]), default=0)
 
 
-def _members(tree: _Tree, g: str, seen=()) -> list[str]:
+def _members(tree: _Tree, g: str, seen: tuple[str, ...] = ()) -> list[str]:
     if g == "all":
         return list(tree.hosts)
     if g in seen:
@@ -317,7 +325,7 @@ def _members(tree: _Tree, g: str, seen=()) -> list[str]:
     return out
 
 
-def _overlay(path: Path) -> dict:
+def _overlay(path: Path) -> dict[str, Any]:
     p = path.with_name(path.stem + OVERLAY_SUFFIX)
     if not p.is_file():
         return {}
@@ -331,7 +339,7 @@ def _overlay(path: Path) -> dict:
     return data
 
 
-def _text(path: Path, name: str, key: str, value: Any) -> str:
+def _text(path: Path, name: str, key: str, value: object) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(path, f"{name}.{key}", f"expected a string, got {type(value).__name__}")
     value = str(value)
@@ -360,8 +368,33 @@ def _proxy_jump(path: Path, name: str, args: str) -> str | None:
     return m[1] if m else None
 
 
-def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dict, overlay: dict) -> dict:
+def _host_entry(path: Path, name: str, v: dict[str, Any], in_groups: list[str], depth: dict[str, Any],
+                overlay: dict[str, Any]) -> dict[str, Any]:
     """One host in fleetspec's own inventory shape, from its merged Ansible vars."""
+    entry = _connection_entry(path, name, v)
+    hvars: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if "ansible_python_interpreter" in v:
+        hvars["python"] = _text(path, name, "ansible_python_interpreter", v["ansible_python_interpreter"])
+    _fleetspec_vars(path, name, v, entry, hvars, extra)
+    if overlay:
+        _apply_overlay(overlay, name, in_groups, depth, entry, hvars, extra)
+    if extra:
+        hvars["extra"] = {**(hvars.get("extra") or {}), **extra}
+    entry.setdefault("known_hosts", str(Path(os.path.expanduser("~/.ssh/known_hosts"))))
+    for key in ("ssh_key", "known_hosts"):
+        if key in entry:
+            p = Path(str(entry[key])).expanduser()
+            entry[key] = str(p if p.is_absolute() else (path.parent / p).resolve())
+    entry["vars"] = hvars
+    ignored = [k for k in SECRET_KEYS if k in v]
+    if ignored:
+        entry["_ignored_secrets"] = ignored
+    return entry
+
+
+def _connection_entry(path: Path, name: str, v: dict[str, Any]) -> dict[str, Any]:
+    """address, port, user, ssh_key and jump from the ansible_* connection vars."""
     entry: dict[str, Any] = {}
     conn_keys = {"address": ("ansible_host", "ansible_ssh_host"), "port": ("ansible_port", "ansible_ssh_port"),
                  "user": ("ansible_user", "ansible_ssh_user"), "ssh_key": ("ansible_ssh_private_key_file",)}
@@ -382,10 +415,12 @@ def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dic
     if "ssh_key" in entry:
         p = Path(entry["ssh_key"]).expanduser()
         entry["ssh_key"] = str(p if p.is_absolute() else (path.parent / p).resolve())
-    hvars: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    if "ansible_python_interpreter" in v:
-        hvars["python"] = _text(path, name, "ansible_python_interpreter", v["ansible_python_interpreter"])
+    return entry
+
+
+def _fleetspec_vars(path: Path, name: str, v: dict[str, Any], entry: dict[str, Any], hvars: dict[str, Any],
+                    extra: dict[str, Any]) -> None:
+    """The fleetspec_* vars: connection keys into `entry`, known vars into `hvars`, others into `extra`."""
     for k, value in v.items():
         if not k.startswith("fleetspec_"):
             continue
@@ -404,30 +439,22 @@ def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dic
             hvars[short] = value
         else:
             extra[short] = value
-    if overlay:
-        src = overlay["_path"]
-        for key, value in (overlay.get("defaults") or {}).items():
-            if key not in CONNECTION:
-                raise ConfigError(src, f"defaults.{key}", f"unknown key (known: {', '.join(CONNECTION)})")
-            entry.setdefault(key, value) if key in ("ssh_key", "user", "port") else entry.__setitem__(key, value)
-        layers = [overlay.get("vars") or {}]
-        layers += [(overlay.get("group_vars") or {}).get(g) or {} for g in sorted(in_groups, key=lambda g: (depth[g], g))]
-        layers.append((overlay.get("host_vars") or {}).get(name) or {})
-        for layer in layers:
-            for key, value in layer.items():
-                if key == "extra" and isinstance(value, dict):
-                    extra.update(value)
-                else:
-                    hvars[key] = value
-    if extra:
-        hvars["extra"] = {**(hvars.get("extra") or {}), **extra}
-    entry.setdefault("known_hosts", str(Path(os.path.expanduser("~/.ssh/known_hosts"))))
-    for key in ("ssh_key", "known_hosts"):
-        if key in entry:
-            p = Path(str(entry[key])).expanduser()
-            entry[key] = str(p if p.is_absolute() else (path.parent / p).resolve())
-    entry["vars"] = hvars
-    ignored = [k for k in SECRET_KEYS if k in v]
-    if ignored:
-        entry["_ignored_secrets"] = ignored
-    return entry
+
+
+def _apply_overlay(overlay: dict[str, Any], name: str, in_groups: list[str], depth: dict[str, Any],
+                   entry: dict[str, Any], hvars: dict[str, Any], extra: dict[str, Any]) -> None:
+    """The fleetspec overlay file: its defaults, then vars, group_vars (shallow groups first), host_vars."""
+    src = overlay["_path"]
+    for key, value in (overlay.get("defaults") or {}).items():
+        if key not in CONNECTION:
+            raise ConfigError(src, f"defaults.{key}", f"unknown key (known: {', '.join(CONNECTION)})")
+        entry.setdefault(key, value) if key in ("ssh_key", "user", "port") else entry.__setitem__(key, value)
+    layers = [overlay.get("vars") or {}]
+    layers += [(overlay.get("group_vars") or {}).get(g) or {} for g in sorted(in_groups, key=lambda g: (depth[g], g))]
+    layers.append((overlay.get("host_vars") or {}).get(name) or {})
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "extra" and isinstance(value, dict):
+                extra.update(value)
+            else:
+                hvars[key] = value

@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
+from typing import Any, Collection, Mapping
 
 REDACTED = "<redacted>"
 SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
@@ -25,7 +26,7 @@ class Baseline:
     exec_argv: list[str]
     environment: dict[str, str | None]   # name -> value from the unit and drop-ins; secrets REDACTED
                                          # (None: a baseline recorded before values were kept)
-    sglang: dict                         # version, site_packages, python, drift
+    sglang: dict[str, Any]               # version, site_packages, python, drift
     served_algorithm: str | None         # resolved, from /server_info (e.g. EAGLE for NEXTN)
     declared_algorithm: str | None       # as the operator wrote it (e.g. NEXTN)
     taken_at: float = 0.0
@@ -60,8 +61,8 @@ class Baseline:
         raw["modes"] = {str(p): int(m) & 0o7777 for p, m in (raw.get("modes") or {}).items()}
         return cls(unit_bytes=unit, dropins=dropins, **raw)
 
-    def differences(self, unit_bytes: bytes, dropins: dict[str, bytes], secret_names=(),
-                    secret_values=()) -> list[str]:
+    def differences(self, unit_bytes: bytes, dropins: dict[str, bytes], secret_names: Collection[str] = (),
+                    secret_values: Collection[str] = ()) -> list[str]:
         """What changed by hand since the baseline (fleetspec's own drop-in is excluded by the caller),
         down to each Environment variable's value (secret ones: only that they changed)."""
         out = []
@@ -76,13 +77,14 @@ class Baseline:
         return out
 
 
-def is_secret(name: str, value: str | None = None, secret_names=(), secret_values=()) -> bool:
+def is_secret(name: str, value: str | None = None, secret_names: Collection[str] = (),
+              secret_values: Collection[str] = ()) -> bool:
     """A variable whose value is never shown: named in a secret list (the playbook's
     launch.secret_env, the inventory's api_key), named like one (*TOKEN*, *KEY*, *SECRET*,
     *PASSWORD* …), or holding a value fleetspec knows to be secret."""
     upper = name.upper()
     return (name in secret_names or any(part in upper for part in SECRET_PARTS)
-            or (bool(value) and any(secret and secret in value for secret in secret_values)))
+            or (value is not None and value != "" and any(secret and secret in value for secret in secret_values)))
 
 
 def unit_environment(unit_bytes: bytes, dropins: dict[str, bytes]) -> dict[str, str]:
@@ -93,14 +95,15 @@ def unit_environment(unit_bytes: bytes, dropins: dict[str, bytes]) -> dict[str, 
     return environment_of([unit_bytes.decode(errors="replace"), *(b.decode(errors="replace") for _, b in ordered)])
 
 
-def recorded_environment(unit_bytes: bytes, dropins: dict[str, bytes], secret_names=(),
-                         secret_values=()) -> dict[str, str]:
+def recorded_environment(unit_bytes: bytes, dropins: dict[str, bytes], secret_names: Collection[str] = (),
+                         secret_values: Collection[str] = ()) -> dict[str, str]:
     """What a baseline records: every variable's value, secret ones replaced by REDACTED."""
     env = unit_environment(unit_bytes, dropins)
     return {k: REDACTED if is_secret(k, v, secret_names, secret_values) else v for k, v in sorted(env.items())}
 
 
-def environment_changes(old: dict, new: dict, secret_names=(), secret_values=()) -> list[str]:
+def environment_changes(old: Mapping[str, str | None], new: Mapping[str, str | None],
+                        secret_names: Collection[str] = (), secret_values: Collection[str] = ()) -> list[str]:
     """One line per variable added, removed or changed; a secret's values are never shown."""
     out = []
     for name in sorted(set(old) | set(new)):

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.names import is_service
-from fleetspec.model.yamlload import Fields, describe, load_yaml_file
+from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
 POLICIES = ("strict", "accept-new")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")      # fullmatch: `$` would let a trailing newline in
@@ -59,7 +59,7 @@ class HostVars:
         return view
 
 
-VAR_KINDS: dict[str, type | tuple] = {
+VAR_KINDS: dict[str, Kind] = {
     "python": str, "service": str, "api_port": int, "model_path": str, "draft_model_path": str,
     "gpu_count": int, "tags": list, "api_key": dict, "extra": dict,
 }
@@ -182,7 +182,20 @@ def load_inventory(path: str | Path) -> Inventory:
     for name in raw_hosts:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             hosts_f.fail(str(name), "host names are letters, digits, '.', '_' or '-'")
+    groups = _groups(groups_f, raw_hosts, path)
+    group_vars = _group_vars(group_vars_f, groups)
 
+    hosts: dict[str, Host] = {}
+    for name in raw_hosts:
+        member_of = tuple(g for g, m in groups.items() if name in m)
+        merged = dict(base_vars)
+        for g in member_of:
+            merged.update(group_vars.get(g, {}))
+        hosts[name] = _host(hosts_f.sub(name, required=True), name, path, base, merged, member_of)
+    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
+
+
+def _groups(groups_f: Fields, raw_hosts: Mapping[str, Any], path: Path) -> dict[str, tuple[str, ...]]:
     groups: dict[str, tuple[str, ...]] = {}
     for gname, members in groups_f.data.items():
         key = groups_f.key(str(gname))
@@ -194,8 +207,11 @@ def load_inventory(path: str | Path) -> Inventory:
             if member not in raw_hosts:
                 raise ConfigError(path, f"{key}[{i}]", f"unknown host {member!r} (not under hosts)")
         groups[gname] = tuple(dict.fromkeys(members))
+    return groups
 
-    group_vars: dict[str, dict] = {}
+
+def _group_vars(group_vars_f: Fields, groups: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, Any]]:
+    group_vars: dict[str, dict[str, Any]] = {}
     for gname in group_vars_f.data:
         if gname not in groups:
             group_vars_f.fail(str(gname), "no such group under groups")
@@ -203,30 +219,27 @@ def load_inventory(path: str | Path) -> Inventory:
         _check_vars(sub)
         group_vars[gname] = dict(sub.data)
     group_vars_f.done()
-
-    hosts: dict[str, Host] = {}
-    for name in raw_hosts:
-        f = hosts_f.sub(name, required=True)
-        member_of = tuple(g for g, m in groups.items() if name in m)
-        merged = dict(base_vars)
-        for g in member_of:
-            merged.update(group_vars.get(g, {}))
-        own = f.sub("vars")
-        _check_vars(own)
-        merged.update(own.data)
-        conn = _connection_fields(f, path, base)
-        address = f.get("address", str, required=True)
-        jump_text = f.get("jump", str, None)
-        f.done()
-        hosts[name] = Host(
-            name=name, address=address, jump=_parse_jump(jump_text, path, f.key("jump")),
-            vars=_build_vars(merged, path, f"hosts.{name}.vars"), groups=member_of,
-            inventory_path=path.resolve(), **conn,
-        )
-    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
+    return group_vars
 
 
-def _connection_fields(f: Fields, path: Path, base: dict) -> dict:
+def _host(f: Fields, name: str, path: Path, base: dict[str, Any], merged: dict[str, Any],
+          member_of: tuple[str, ...]) -> Host:
+    """One host: its own vars over `merged` (defaults, then its groups' vars in order)."""
+    own = f.sub("vars")
+    _check_vars(own)
+    merged = {**merged, **own.data}
+    conn = _connection_fields(f, path, base)
+    address = f.get("address", str, required=True)
+    jump_text = f.get("jump", str, None)
+    f.done()
+    return Host(
+        name=name, address=address, jump=_parse_jump(jump_text, path, f.key("jump")),
+        vars=_build_vars(merged, path, f"hosts.{name}.vars"), groups=member_of,
+        inventory_path=path.resolve(), **conn,
+    )
+
+
+def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str, Any]:
     """user, port, keys, policy and timeouts; relative paths are relative to the inventory file."""
     out = dict(base)
     out["user"] = f.get("user", str, out.get("user", "root"))
@@ -253,14 +266,14 @@ def _connection_fields(f: Fields, path: Path, base: dict) -> dict:
 
 
 def _check_vars(f: Fields) -> None:
-    for key, value in f.data.items():
+    for key in f.data:
         if key not in VAR_KINDS:
             f.fail(str(key), f"unknown var (known: {', '.join(VAR_KINDS)}; put others under extra)")
         f.get(key, VAR_KINDS[key], None)
     f.done()
 
 
-def _build_vars(merged: dict, path: Path, key: str) -> HostVars:
+def _build_vars(merged: dict[str, Any], path: Path, key: str) -> HostVars:
     values = dict(merged)
     if "tags" in values:
         tags = values["tags"]

@@ -80,7 +80,7 @@ class Kernel:
                               f"the sha256 of {self.library_file} (it changed since the build)")
         return {self.library_file: data}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**_spec_json(self.spec), "build": {
             "python_tag": self.abi.python_tag, "torch": self.abi.torch, "cuda": self.abi.cuda,
             "cxx11_abi": self.abi.cxx11_abi, "platform": self.abi.platform,
@@ -88,12 +88,12 @@ class Kernel:
             "sha256": self.sha256, "source_sha256": self.source_sha256}}
 
 
-def _spec_json(spec: KernelSpec) -> dict:
+def _spec_json(spec: KernelSpec) -> dict[str, Any]:
     return {"name": spec.name, "library": spec.library, "ops": list(spec.ops),
             "sources": list(spec.sources), "cuda_sources": list(spec.cuda_sources)}
 
 
-def _read(folder: Path) -> tuple[Path, dict]:
+def _read(folder: Path) -> tuple[Path, dict[str, Any]]:
     path = Path(folder) / KERNEL_JSON
     try:
         data = json.loads(path.read_text())
@@ -106,7 +106,7 @@ def _read(folder: Path) -> tuple[Path, dict]:
     return path, data
 
 
-def _names(path: Path, data: dict, key: str, required: bool) -> tuple[str, ...]:
+def _names(path: Path, data: dict[str, Any], key: str, required: bool) -> tuple[str, ...]:
     value = data.get(key, [] if not required else None)
     if not isinstance(value, list) or (required and not value) or not all(
             isinstance(v, str) and v and "/" not in v and not v.startswith(".") for v in value):
@@ -142,7 +142,7 @@ def load_kernel(folder: Path | str) -> Kernel:
     return kernel
 
 
-def _fact(facts: Any, *names: str, default=None):
+def _fact(facts: Any, *names: str, default: Any = None) -> Any:
     for name in names:
         value = facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
         if value is not None:
@@ -150,7 +150,7 @@ def _fact(facts: Any, *names: str, default=None):
     return default
 
 
-def host_abi(facts: Any) -> dict:
+def host_abi(facts: Any) -> dict[str, Any]:
     """Normalise host facts (the torch fact's TorchInfo, or a dict) to the fields a kernel records."""
     return {
         "python_tag": _fact(facts, "python_tag"),
@@ -277,8 +277,11 @@ def local_abi(cuda_build: bool, arch: str | None = None) -> Abi:
         else:
             major, minor = torch.cuda.get_device_capability()
             arch_list = (f"{major}.{minor}",)
-    return Abi(python_tag="cp%d%d" % sys.version_info[:2], torch=torch.__version__,
-               cuda=torch.version.cuda if cuda_build else "cpu",
+    cuda = torch.version.cuda if cuda_build else "cpu"
+    if cuda is None:
+        raise UserError(f"a CUDA kernel build needs a torch built with CUDA; {sys.executable} has torch "
+                        f"{torch.__version__} without it")
+    return Abi(python_tag="cp%d%d" % sys.version_info[:2], torch=torch.__version__, cuda=cuda,
                cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
                platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch_list)
 

@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Sequence
+from typing import Any, Sequence
 
 from fleetspec.errors import UserError
 
@@ -68,13 +68,13 @@ class OptionTable:
     required: tuple[str, ...] = ()           # dests argparse insists on (--model-path)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "OptionTable":
+    def from_dict(cls, data: dict[str, Any]) -> "OptionTable":
         return cls(version=data["version"], options={k: (v[0], v[1]) for k, v in data["options"].items()},
                    allow_abbrev=bool(data.get("allow_abbrev", True)),
                    negative_number_optionals=bool(data.get("negative_number_optionals", False)),
                    required=tuple(data.get("required", ())))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "allow_abbrev": self.allow_abbrev,
                 "negative_number_optionals": self.negative_number_optionals, "required": list(self.required),
                 "options": {k: list(v) for k, v in sorted(self.options.items())}}
@@ -110,7 +110,8 @@ class OptionTable:
         if token.startswith("--"):
             if not self.allow_abbrev:
                 return []
-            prefix, explicit = (token.split("=", 1) + [None])[:2] if "=" in token else (token, None)
+            prefix, eq, value = token.partition("=")
+            explicit = value if eq else None
             for opt in self.options:
                 if opt.startswith(prefix):
                     out.append((opt, explicit))
@@ -187,7 +188,7 @@ class Item:
 
     @property
     def speculative(self) -> bool:
-        return bool(self.dest) and self.dest.startswith(SPEC_DEST_PREFIX)
+        return bool(self.dest and self.dest.startswith(SPEC_DEST_PREFIX))
 
 
 def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_SERVER,
@@ -203,51 +204,69 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
     while i < len(args):
         token = args[i]
         if form == SERVE and (token == "--model-type" or token.startswith("--model-type=")):
-            value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
-            if value not in ("auto", "llm"):
-                raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
-                                    "only the LLM server runs speculative decoding", PLAIN)
-            n = 1 if "=" in token else 2
-            items.append(Item(tuple(args[i:i + n]), None, "--model-type"))
-            i += n
-            continue
-        if token == "--":
-            raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
-                                "positional argument, which sglang refuses", PLAIN)
-        found = table.resolve(token)
-        if found is None:
-            raise LaunchRefused(f"a command with the stray word {token!r}",
-                                f"sglang {table.version}'s parser takes no positional arguments "
-                                f"(it would exit with 'unrecognized arguments')", "fix the ExecStart first")
-        option, explicit, verdict = found
-        if verdict == "ambiguous":
-            raise LaunchRefused(f"a command with the ambiguous option {token!r}",
-                                f"sglang {table.version}'s parser refuses it (several options start so)",
-                                "spell the option out in full")
-        if verdict == "unknown":
-            raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
-                                f"sglang {table.version}'s parser does not know it (the service could "
-                                f"not start with it on this version)", "fix the ExecStart first")
-        dest, nargs = table.options[option]
-        j = i + 1
-        if explicit is not None:
-            if nargs == "0" and token.startswith("--"):
-                raise LaunchRefused(f"a command with {token!r}", f"{option} takes no value and sglang "
-                                    f"{table.version}'s parser refuses `=…`", "remove the value")
+            item, i = _model_type_item(args, i)
         else:
-            following = 0
-            while i + 1 + following < len(args) and table.resolve(args[i + 1 + following]) is None \
-                    and args[i + 1 + following] != "--":
-                following += 1
-            want = {"0": 0, "1": 1, "?": min(following, 1), "*": following, "+": following}.get(nargs)
-            if want is None:
-                want = int(nargs)
-            if want > following or (nargs == "+" and following == 0):
-                raise LaunchRefused(f"a command where {token!r} lacks its value",
-                                    f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
-            j = i + 1 + want
-        items.append(Item(tuple(args[i:j]), dest, option, explicit))
-        i = j
+            item, i = _option_item(args, i, table)
+        items.append(item)
+    _refuse_config_or_missing(items, table)
+    return items
+
+
+def _model_type_item(args: list[str], i: int) -> tuple[Item, int]:
+    """`sglang serve --model-type auto|llm` (the only types that run speculative decoding)."""
+    token = args[i]
+    value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
+    if value not in ("auto", "llm"):
+        raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
+                            "only the LLM server runs speculative decoding", PLAIN)
+    n = 1 if "=" in token else 2
+    return Item(tuple(args[i:i + n]), None, "--model-type"), i + n
+
+
+def _option_item(args: list[str], i: int, table: OptionTable) -> tuple[Item, int]:
+    """The option at args[i] with the values argparse gives it, and the index after them."""
+    token = args[i]
+    if token == "--":
+        raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
+                            "positional argument, which sglang refuses", PLAIN)
+    found = table.resolve(token)
+    if found is None:
+        raise LaunchRefused(f"a command with the stray word {token!r}",
+                            f"sglang {table.version}'s parser takes no positional arguments "
+                            f"(it would exit with 'unrecognized arguments')", "fix the ExecStart first")
+    option, explicit, verdict = found
+    if verdict == "ambiguous":
+        raise LaunchRefused(f"a command with the ambiguous option {token!r}",
+                            f"sglang {table.version}'s parser refuses it (several options start so)",
+                            "spell the option out in full")
+    if verdict == "unknown":
+        raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
+                            f"sglang {table.version}'s parser does not know it (the service could "
+                            f"not start with it on this version)", "fix the ExecStart first")
+    assert option is not None  # the verdict is "ok"
+    dest, nargs = table.options[option]
+    j = i + 1
+    if explicit is not None:
+        if nargs == "0" and token.startswith("--"):
+            raise LaunchRefused(f"a command with {token!r}", f"{option} takes no value and sglang "
+                                f"{table.version}'s parser refuses `=…`", "remove the value")
+    else:
+        following = 0
+        while i + 1 + following < len(args) and table.resolve(args[i + 1 + following]) is None \
+                and args[i + 1 + following] != "--":
+            following += 1
+        want = {"0": 0, "1": 1, "?": min(following, 1), "*": following, "+": following}.get(nargs)
+        if want is None:
+            want = int(nargs)
+        if want > following or (nargs == "+" and following == 0):
+            raise LaunchRefused(f"a command where {token!r} lacks its value",
+                                f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
+        j = i + 1 + want
+    return Item(tuple(args[i:j]), dest, option, explicit), j
+
+
+def _refuse_config_or_missing(items: list[Item], table: OptionTable) -> None:
+    """`--config FILE` (settings fleetspec cannot see) and the options sglang requires."""
     for item in items:
         if item.dest == "config":
             raise LaunchRefused("`--config FILE`", "sglang merges the file's settings (its speculative ones "
@@ -258,7 +277,6 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
         if not any(item.dest == dest for item in items):
             raise LaunchRefused(f"a command without the {dest} option", f"sglang {table.version}'s parser "
                                 f"requires it (the service could not start without it)", "fix the ExecStart first")
-    return items
 
 
 # Launch forms ---------------------------------------------------------------------------------------
@@ -292,7 +310,7 @@ def serve_positional(version: str) -> bool:
     return _version_key(version) >= _version_key("0.5.23")
 
 
-def _version_key(version: str) -> tuple:
+def _version_key(version: str) -> tuple[tuple[int, str], ...]:
     parts = []
     for piece in re.split(r"[.+]", version):
         m = re.match(r"^(\d+)(.*)$", piece)
@@ -340,7 +358,8 @@ def classify(argv: Sequence[str], *, path: str | None = None, prefix: str = "") 
                         "(a wrapper script may add or rewrite flags)", PLAIN)
 
 
-def _classify_python(argv, i, rest, path, prefix, envs) -> LaunchForm:
+def _classify_python(argv: list[str], i: int, rest: list[str], path: str, prefix: str,
+                     envs: tuple[str, ...]) -> LaunchForm:
     """Walk python's own options (clusters such as `-um` too) to `-m MODULE`."""
     k = 0
     while k < len(rest):
@@ -419,7 +438,7 @@ def derive(form: LaunchForm, table: OptionTable, flags: Sequence[str], *, carry:
     flag_dests = set()
     for token in flags:
         found = table.resolve(token)
-        if found and found[2] == "ok":
+        if found and found[0] is not None and found[2] == "ok":
             flag_dests.add(table.options[found[0]][0])
     carry_dests = {_dest_of(table, c) for c in carry} - {None}
     drop_dests = {_dest_of(table, d) for d in drop} - {None}
@@ -451,7 +470,7 @@ def _dest_of(table: OptionTable, name: str) -> str | None:
     if not name.startswith("-"):
         return name
     found = table.resolve(name)
-    return table.options[found[0]][0] if found and found[2] == "ok" else None
+    return table.options[found[0]][0] if found and found[0] is not None and found[2] == "ok" else None
 
 
 def algorithm_of(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_SERVER,

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from fleetspec.model.names import is_name
 
@@ -35,17 +35,17 @@ class Entry:
     state: str
     ts: float = field(default_factory=time.time)
     by: str = field(default_factory=actor)
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
     def to_line(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), default=str)
 
     @classmethod
-    def step(cls, release: str, name: str, state: str, **detail) -> "Entry":
+    def step(cls, release: str, name: str, state: str, **detail: Any) -> "Entry":
         return cls("step", release, name, state, detail=detail)
 
     @classmethod
-    def status(cls, release: str, state: str, **detail) -> "Entry":
+    def status(cls, release: str, state: str, **detail: Any) -> "Entry":
         return cls("status", release, "release", state, detail=detail)
 
 
@@ -74,9 +74,9 @@ class ParsedLedger:
         """Releases that never reached a terminal status: a deploy died or was cut off mid-way."""
         return [r for r, s in self.releases().items() if s not in TERMINAL]
 
-    def figures(self, release: str) -> dict:
+    def figures(self, release: str) -> dict[str, Any]:
         """Gate figures recorded for a release (merged from its `gates` step entries)."""
-        merged: dict = {}
+        merged: dict[str, Any] = {}
         for e in self.entries:
             if e.release == release and e.name == "gates" and e.detail.get("figures"):
                 merged.update(e.detail["figures"])

@@ -9,6 +9,7 @@ start with `-` (an option to rm/systemctl), or hold a quote, `$`, a newline or a
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # A service: the same rule plus `@` and `:` (template instances), ending in .service. No `\`:
@@ -16,13 +17,13 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 SERVICE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,191}\.service")
 
 
-def is_name(value: object) -> bool:
+def is_name(value: object) -> TypeGuard[str]:
     """A name safe as one path part and one shell word: letters, digits, `_ . -`, starting with a
     letter or digit (so never `.`, `..` or an option), no `..` inside, at most 128 characters."""
     return isinstance(value, str) and NAME_RE.fullmatch(value) is not None and ".." not in value
 
 
-def is_service(value: object) -> bool:
+def is_service(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and SERVICE_RE.fullmatch(value) is not None and ".." not in value
 
 

@@ -19,7 +19,7 @@ import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, TypeVar
+from typing import Any, Collection, Mapping, TypeVar
 
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.names import is_name
@@ -42,7 +42,7 @@ class PatchFile:
     sha256: str
     base_sha256: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {"path": self.path, "action": self.action, "sha256": self.sha256}
         if self.base_sha256 is not None:
             out["base_sha256"] = self.base_sha256
@@ -72,7 +72,7 @@ class PatchSet:
     def replaced(self) -> tuple[PatchFile, ...]:
         return tuple(f for f in self.files if f.action == "replace")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"package": self.package, "version": self.version,
                 "files": [f.to_json() for f in self.files],
                 "extra_top_level": list(self.extra_top_level)}
@@ -86,7 +86,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def path_problem(path: object, package: str, extra_top_level=()) -> str | None:
+def path_problem(path: object, package: str, extra_top_level: Collection[str] = ()) -> str | None:
     """Why `path` may not appear in a patch set of `package`, or None when it may."""
     if not isinstance(path, str) or not path:
         return "a non-empty relative path"
@@ -142,14 +142,14 @@ def load_patchset(folder: Path | str) -> PatchSet:
     return ps
 
 
-def _str_field(manifest: Path, data: dict, key: str) -> str:
+def _str_field(manifest: Path, data: dict[str, Any], key: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not value:
         raise ConfigError(manifest, key, "a non-empty string")
     return value
 
 
-def _file_entry(manifest: Path, i: int, entry: object, package: str, extra: tuple) -> PatchFile:
+def _file_entry(manifest: Path, i: int, entry: object, package: str, extra: tuple[str, ...]) -> PatchFile:
     key = f"files[{i}]"
     if not isinstance(entry, dict):
         raise ConfigError(manifest, key, "an object with path, action, sha256")
@@ -172,7 +172,7 @@ def _file_entry(manifest: Path, i: int, entry: object, package: str, extra: tupl
     unknown = set(entry) - {"path", "action", "sha256", "base_sha256"}
     if unknown:
         raise ConfigError(manifest, key, f"only path, action, sha256, base_sha256; got {sorted(unknown)}")
-    return PatchFile(path, action, sha, base)
+    return PatchFile(str(path), action, sha, base)
 
 
 def _refuse_symlinks(root: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from fleetspec.errors import UserError
 from fleetspec.model.names import is_name
-from fleetspec.model.yamlload import Fields, describe, load_yaml_file
+from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
 Scalar = bool | int | float | str
 
@@ -187,7 +187,7 @@ def load_playbook(path: str | Path) -> Playbook:
 
 def _options(f: Fields) -> Mapping[str, Scalar]:
     out = {}
-    for name, value in f.data.items():
+    for name in f.data:
         if not isinstance(name, str) or not name.isidentifier():
             f.fail(str(name), "option names are identifiers (letters, digits, _)")
         out[name] = f.get(name, (bool, int, float, str))
@@ -247,7 +247,7 @@ def _launch(f: Fields) -> Launch:
                   env_keep=env_keep)
 
 
-def _tokens(items: list, f: Fields, key: str) -> tuple[str, ...]:
+def _tokens(items: list[Any], f: Fields, key: str) -> tuple[str, ...]:
     if not items:
         f.fail(key, "expected at least one argv token")
     out = []
@@ -320,7 +320,7 @@ def _guard(top: Fields) -> Guard | None:
     return guard
 
 
-def _positive(f: Fields, name: str, kind, default):
+def _positive(f: Fields, name: str, kind: Kind, default: Any) -> Any:
     value = f.get(name, kind, default)
     if value <= 0:
         f.fail(name, f"expected a positive number, got {value}")
@@ -328,7 +328,7 @@ def _positive(f: Fields, name: str, kind, default):
 
 
 def _gates(f: Fields) -> Gates:
-    def maybe(name):
+    def maybe(name: str) -> Fields | None:
         if f.data.get(name) is None:
             f.get(name, dict, None)
             return None

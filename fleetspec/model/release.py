@@ -6,6 +6,7 @@ import json
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fleetspec.model.names import check_name, relpath_problem
 
@@ -31,13 +32,13 @@ class Release:
     patchset: str | None = None    # folder name of the patch set
     files: dict[str, str] = field(default_factory=dict)      # package path -> sha256
     kernels: dict[str, str] = field(default_factory=dict)    # file name -> sha256
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     site_packages: str | None = None                        # where in-place mode writes
     base_files: dict[str, str | None] = field(default_factory=dict)  # path -> base sha256 (None: added)
     exec_prefix: str = ""          # the baseline ExecStart's prefix characters (-, @, :, +, !, !!), kept
     exec_path: str | None = None   # the executable, when `@` makes argv[0] a separate name
-    launch: dict = field(default_factory=dict)   # form, kept/dropped/carried/added tokens, env verdicts
+    launch: dict[str, Any] = field(default_factory=dict)   # form, kept/dropped/carried/added tokens, env verdicts
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

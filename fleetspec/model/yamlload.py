@@ -9,7 +9,7 @@ file and the dotted key path.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -20,7 +20,7 @@ class StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate mapping keys (PyYAML would keep the last one)."""
 
 
-def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False):
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     loader.flatten_mapping(node)
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
@@ -66,15 +66,16 @@ def load_yaml_file(path: str | Path) -> Any:
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                dict: "a mapping", list: "a list"}
+Kind = type[Any] | tuple[type[Any], ...]
 
 
-def type_name(kind) -> str:
+def type_name(kind: Kind) -> str:
     if isinstance(kind, tuple):
         return " or ".join(type_name(k) for k in kind)
     return _TYPE_NAMES.get(kind, kind.__name__)
 
 
-def is_type(value: Any, kind) -> bool:
+def is_type(value: Any, kind: Kind) -> bool:
     """isinstance that keeps bool out of int/float and lets an int stand for a float."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     for k in kinds:
@@ -104,15 +105,15 @@ class Fields:
         if not isinstance(data, dict):
             raise ConfigError(path, key_path or None, f"expected a mapping, got {describe(data)}")
         self.data = data
-        self._read: set = set()
+        self._read: set[str] = set()
 
     def key(self, name: str) -> str:
         return f"{self.key_path}.{name}" if self.key_path else str(name)
 
-    def fail(self, name: str | None, expected: str):
+    def fail(self, name: str | None, expected: str) -> NoReturn:
         raise ConfigError(self.path, self.key(name) if name is not None else (self.key_path or None), expected)
 
-    def get(self, name: str, kind, default: Any = ..., *, required: bool = False) -> Any:
+    def get(self, name: str, kind: Kind, default: Any = ..., *, required: bool = False) -> Any:
         self._read.add(name)
         if self.data.get(name) is None:
             if required or default is ...:
@@ -131,7 +132,7 @@ class Fields:
             self.fail(name, "missing; expected a mapping")
         return Fields(self.data.get(name), self.path, self.key(name))
 
-    def str_list(self, name: str, default: tuple = ()) -> tuple[str, ...]:
+    def str_list(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
         value = self.get(name, list, None)
         if value is None:
             return tuple(default)
@@ -141,7 +142,7 @@ class Fields:
         return tuple(value)
 
     def choice(self, name: str, choices: tuple[str, ...], default: Any = ...) -> str:
-        value = self.get(name, str, default)
+        value: str = self.get(name, str, default)
         if value not in choices and not (value is default and default is not ...):
             self.fail(name, f"expected one of {', '.join(choices)}, got {value!r}")
         return value

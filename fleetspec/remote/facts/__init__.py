@@ -28,13 +28,13 @@ class RawFact:
     rc: int
 
 
-def gather(transport, module: ModuleType, timeout: float | None = None, **params) -> Any:
+def gather(transport: Any, module: ModuleType, timeout: float | None = None, **params: Any) -> Any:
     """Run one fact and parse it; a failure raises FactError."""
     result = gather_many(transport, [(module, params)], timeout=timeout, errors="raise")
     return result[0]
 
 
-def build_batch(items: Sequence[tuple[ModuleType, Mapping]], token: str) -> str:
+def build_batch(items: Sequence[tuple[ModuleType, Mapping[str, Any]]], token: str) -> str:
     """One shell script running every fact's command in a subshell, framed by `token` lines."""
     parts = ['_fs_err=$(mktemp) || exit 97', 'trap \'rm -f "$_fs_err"\' EXIT']
     for i, (module, params) in enumerate(items):
@@ -61,13 +61,14 @@ def split_batch(stdout: str, token: str, count: int) -> list[RawFact | None]:
                 out[idx] = RawFact(stdout=body, stderr="", rc=-1)
         elif len(words) >= 3 and words[1] == "err" and words[0].isdigit():
             idx = int(words[0])
-            if idx < count and out[idx] is not None:
-                out[idx].rc = int(words[2]) if words[2].lstrip("-").isdigit() else -1
-                out[idx].stderr = body
+            raw = out[idx] if idx < count else None
+            if raw is not None:
+                raw.rc = int(words[2]) if words[2].lstrip("-").isdigit() else -1
+                raw.stderr = body
     return out
 
 
-def gather_many(transport, items, timeout: float | None = None, errors: str = "none") -> Any:
+def gather_many(transport: Any, items: Any, timeout: float | None = None, errors: str = "none") -> Any:
     """Run several facts in one round trip.
 
     `items`: a list of (module, params) -> a list of results in the same order, or a mapping of
@@ -83,7 +84,7 @@ def gather_many(transport, items, timeout: float | None = None, errors: str = "n
     raws = split_batch(r.stdout, token, len(pairs))
     host = getattr(transport, "name", "host")
     results: list[Any] = []
-    for (module, params), raw in zip(pairs, raws):
+    for (module, params), raw in zip(pairs, raws, strict=True):
         fact = module.__name__.rsplit(".", 1)[-1]
         try:
             if raw is None:
@@ -93,10 +94,10 @@ def gather_many(transport, items, timeout: float | None = None, errors: str = "n
             if errors == "raise":
                 raise
             results.append(err if errors == "return" else None)
-    return dict(zip(keys, results)) if keyed else results
+    return dict(zip(keys, results, strict=True)) if keyed else results
 
 
-def parse_raw(module: ModuleType, raw: RawFact, host: str, params: Mapping) -> Any:
+def parse_raw(module: ModuleType, raw: RawFact, host: str, params: Mapping[str, Any]) -> Any:
     fact = module.__name__.rsplit(".", 1)[-1]
     accepts = getattr(module, "OK_RC", (0,))
     if raw.rc not in accepts:

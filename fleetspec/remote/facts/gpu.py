@@ -58,7 +58,7 @@ def parse(stdout: str) -> GpuInfo:
             continue
         if len(row) not in (7, 8):
             raise ValueError(f"expected 7 or 8 CSV fields, got {len(row)}: {row!r}")
-        idx, name, uuid, total, used, util, temp, *cap = (c.strip() for c in row)
-        cap = cap[0] if cap and cap[0] and not cap[0].startswith("[") and cap[0] != "N/A" else None
+        idx, name, uuid, total, used, util, temp, *rest = (c.strip() for c in row)
+        cap = rest[0] if rest and rest[0] and not rest[0].startswith("[") and rest[0] != "N/A" else None
         gpus.append(Gpu(int(idx), name, uuid, _num(total), _num(used), _num(util), _num(temp), cap))
     return GpuInfo(present=True, gpus=gpus)

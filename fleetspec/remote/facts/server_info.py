@@ -28,10 +28,11 @@ def parse(data: dict[str, Any]) -> ServerInfo:
         raise ValueError("/server_info did not return a JSON object")
     launch = data.get("launch_command")
     if isinstance(launch, str):
+        text = launch
         try:
-            launch = shlex.split(launch)
+            launch = shlex.split(text)
         except ValueError:
-            launch = launch.split()
+            launch = text.split()
     elif not isinstance(launch, list):
         launch = None
     accept = None
@@ -44,7 +45,7 @@ def parse(data: dict[str, Any]) -> ServerInfo:
                       version=data.get("version"), avg_spec_accept_length=accept, raw=data)
 
 
-def fetch(transport, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
+def fetch(transport: Any, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
     r = transport.http("GET", port, "/server_info", timeout=timeout, headers=sglang_api.auth_headers(api_key))
     if r.status != 200:
         raise RemoteError(f"{transport.name}: GET /server_info returned {r.status}")

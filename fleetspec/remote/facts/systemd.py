@@ -73,9 +73,12 @@ def parse_exec(value: str) -> ExecInfo:
     if not m:
         raise ValueError(f"not an Exec* value: {value[:80]!r}")
     argv = tuple(m["argv"].split(" ")) if m["argv"] else ()
-    na = lambda s: None if s in ("n/a", "") else s  # noqa: E731
     return ExecInfo(path=m["path"], argv=argv, ignore_errors=m["ignore"] == "yes", pid=int(m["pid"]),
-                    code=m["code"], status=m["status"], start_time=na(m["start"]), stop_time=na(m["stop"]))
+                    code=m["code"], status=m["status"], start_time=_na(m["start"]), stop_time=_na(m["stop"]))
+
+
+def _na(value: str) -> str | None:
+    return None if value in ("n/a", "") else value
 
 
 _ESC = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
@@ -144,7 +147,11 @@ def parse(stdout: str, service: str = "") -> SystemdUnit:
             raw[last][-1] += "\n" + line
         elif line.strip():
             raise ValueError(f"unexpected line {line[:80]!r}")
-    one = lambda k: raw.get(k, [None])[-1] or None  # noqa: E731
+
+    def one(key: str) -> str | None:
+        values = raw.get(key)
+        return (values[-1] or None) if values else None
+
     env: dict[str, str] = {}
     for value in raw.get("Environment", []):
         for word in split_words(value):

@@ -121,8 +121,8 @@ def parse_exec(value: str, specifiers: dict[str, str] | None = None) -> list[Exe
         first, i = extract_word(value, i)
         if first is None:
             break
-        m = re.match(r"^[-@:+!]*", first)
-        flags, word0 = m.group(0), first[m.end():]
+        word0 = first.lstrip("-@:+!")
+        flags = first[:len(first) - len(word0)]
         path = resolve_specifiers(word0, specifiers)
         if not path:
             raise UnitSyntaxError("empty executable")
@@ -147,6 +147,7 @@ def parse_exec(value: str, specifiers: dict[str, str] | None = None) -> list[Exe
                 i = j + 2
                 continue
             word, i = extract_word(value, j)
+            assert word is not None  # value[j] is neither whitespace nor the end
             argv.append(resolve_specifiers(word, specifiers))
         commands.append(ExecCommand(path=path, argv=tuple(argv), flags=flags))
     return commands
@@ -168,9 +169,8 @@ def expand_dollars(argv: tuple[str, ...] | list[str]) -> tuple[list[str], bool]:
             if word.startswith("$$", i):
                 pieces.append("$")
                 i += 2
-            elif word[i] == "$" and _VAR.match(word, i):
+            elif word[i] == "$" and (m := _VAR.match(word, i)):
                 uses = True
-                m = _VAR.match(word, i)
                 pieces.append(m.group(0))
                 i = m.end()
             else:
