@@ -193,6 +193,36 @@ def cache_key(spec: KernelSpec, abi: Abi) -> str:
     return f"{spec.name}-{spec.source_sha256()[:16]}-{abi.python_tag}-torch{abi.torch}-{target}-abi{int(abi.cxx11_abi)}"
 
 
+def cached_build(spec: KernelSpec, abi: Abi, cache: Path) -> Kernel | None:
+    """The intact cached build of `spec` for exactly this ABI, or None."""
+    try:
+        kernel = load_kernel(Path(cache) / cache_key(spec, abi))
+        kernel.file_bytes()
+        return kernel
+    except (ConfigError, OSError):
+        return None
+
+
+def record_build(spec: KernelSpec, abi: Abi, library: bytes, cache: Path) -> Kernel:
+    """Put a library built for `abi` into the cache with its sources and kernel.json (staged
+    beside the target, then renamed into place), wherever it was compiled."""
+    folder = Path(cache) / cache_key(spec, abi)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as work:
+        staging = Path(work) / "out"
+        staging.mkdir()
+        library_file = f"{spec.name}.so"
+        (staging / library_file).write_bytes(library)
+        for rel in spec.sources + spec.cuda_sources:
+            shutil.copyfile(spec.root / rel, staging / rel)
+        record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
+                        abi, library_file, hashlib.sha256(library).hexdigest(), spec.source_sha256())
+        (staging / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    return load_kernel(folder)
+
+
 def describe_abi(facts: Any) -> str:
     """A host's ABI facts in one phrase, for messages."""
     have = host_abi(facts)
@@ -338,30 +368,15 @@ def build_kernel(source: Path | str, cache: Path = KERNEL_CACHE, out: Path | Non
     spec = load_spec(source)
     cuda = _can_build_cuda(spec, cuda, arch)
     abi = local_abi(cuda, arch)
-    folder = Path(cache) / cache_key(spec, abi)
-    built_now = False
-    try:
-        kernel = load_kernel(folder)
-        kernel.file_bytes()
-    except (ConfigError, OSError):
-        folder.parent.mkdir(parents=True, exist_ok=True)
+    kernel, built_now = cached_build(spec, abi, cache), False
+    if kernel is None:
+        Path(cache).mkdir(parents=True, exist_ok=True)
         sources = [str(spec.root / s) for s in spec.sources + (spec.cuda_sources if cuda else ())]
-        with tempfile.TemporaryDirectory(dir=folder.parent) as work:
+        with tempfile.TemporaryDirectory(dir=cache) as work:
             _compile_in_child(f"{spec.library}_{spec.name}", sources, work, verbose, abi.arch_list)
-            library = next(Path(work).glob("*.so"))
-            staging = Path(work) / "out"
-            staging.mkdir()
-            library_file = f"{spec.name}.so"
-            shutil.copyfile(library, staging / library_file)
-            for rel in spec.sources + spec.cuda_sources:
-                shutil.copyfile(spec.root / rel, staging / rel)
-            digest = hashlib.sha256((staging / library_file).read_bytes()).hexdigest()
-            record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
-                            abi, library_file, digest, spec.source_sha256())
-            (staging / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
-            shutil.rmtree(folder, ignore_errors=True)
-            staging.rename(folder)
-        kernel, built_now = load_kernel(folder), True
+            kernel = record_build(spec, abi, next(Path(work).glob("*.so")).read_bytes(), cache)
+        built_now = True
+    folder = kernel.spec.root
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         for name in (kernel.library_file, KERNEL_JSON, *spec.sources, *spec.cuda_sources):
@@ -414,13 +429,9 @@ def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: 
     abi = Abi(python_tag=python_tag or "cp%d%d" % __import__("sys").version_info[:2], torch=version, cuda=cuda,
               cxx11_abi=_uses_cxx11_abi(torch_root),
               platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch_list)
-    folder = Path(cache) / cache_key(spec, abi)
-    try:
-        kernel = load_kernel(folder)
-        kernel.file_bytes()
-        return kernel, False
-    except (ConfigError, OSError):
-        pass
+    cached = cached_build(spec, abi, cache)
+    if cached is not None:
+        return cached, False
     ext = torch_root / "torch/utils/cpp_extension.py"
     std = "-std=c++20" if ext.is_file() and "-std=c++20" in ext.read_text() else "-std=c++17"
     inc = torch_root / "torch/include"
@@ -432,8 +443,8 @@ def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: 
         gencode.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
         if a.endswith("+PTX"):
             gencode.append(f"-gencode=arch=compute_{cc},code=compute_{cc}")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as work:
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as work:
         w = Path(work)
         jobs = [[str(nvcc), "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", std, abi_flag, *gencode,
                  "-Xcompiler", "-fPIC", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
@@ -458,12 +469,4 @@ def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: 
         done = subprocess.run(link, capture_output=not verbose, text=True)
         if done.returncode != 0:
             raise UserError(f"linking kernel {spec.name} failed: {(done.stderr or '').strip().splitlines()[-3:]}")
-        for rel in spec.sources + spec.cuda_sources:
-            shutil.copyfile(spec.root / rel, lib.parent / rel)
-        digest = hashlib.sha256(lib.read_bytes()).hexdigest()
-        record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
-                        abi, lib.name, digest, spec.source_sha256())
-        (lib.parent / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
-        shutil.rmtree(folder, ignore_errors=True)
-        lib.parent.rename(folder)
-    return load_kernel(folder), True
+        return record_build(spec, abi, lib.read_bytes(), cache), True
