@@ -22,7 +22,7 @@ from fleetspec.remote.files import RUN_DIR  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds in the root-only /var/lib/fleetspec/run")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="need root (the build runs in the root-only /var/lib/fleetspec/run)")
 
 
 def _scratch_with_sources() -> list[Path]:
