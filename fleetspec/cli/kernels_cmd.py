@@ -11,6 +11,7 @@ import click
 from fleetspec.cli.output import echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
+from fleetspec.model import kernel_build as KB
 
 
 def _sources(ctx, given: tuple[Path, ...]) -> list[Path]:
@@ -67,13 +68,13 @@ def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home, 
 
             kernel, built = build_on_host(ctx.obj.transport(host), host, folder, cache, cuda=cuda, arch=arch)
         elif torch_root is not None:
-            kernel, built = K.build_kernel_offline(folder, torch_root, cuda_home, arch, cache, verbose)
+            kernel, built = KB.build_kernel_offline(folder, torch_root, cuda_home, arch, cache, verbose)
             if out is not None:
                 Path(out).mkdir(parents=True, exist_ok=True)
                 for name in (kernel.library_file, K.KERNEL_JSON, *kernel.spec.sources, *kernel.spec.cuda_sources):
                     shutil.copyfile(kernel.spec.root / name, Path(out) / name)
         else:
-            kernel, built = K.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
+            kernel, built = KB.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
         abi = kernel.abi
         where = f" on {host.name}" if host is not None else ""
         click.echo(f"{kernel.name}: {'built' if built else 'cached'}{where} {kernel.path} "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
+from fleetspec.model import kernel_build as KB
 from fleetspec.remote import facts, files
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import torch as torch_fact
@@ -120,7 +121,7 @@ def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, 
     abi = result["abi"]
     abi = K.Abi(abi["python_tag"], abi["torch"], abi["cuda"], bool(abi["cxx11_abi"]), abi["platform"],
                 tuple(abi["arch_list"]))
-    cached = K.cached_build(spec, abi, cache)
+    cached = KB.cached_build(spec, abi, cache)
     if cached is not None and cached.sha256 == hashlib.sha256(library).hexdigest():
         return cached, False
-    return K.record_build(spec, abi, library, cache), True
+    return KB.record_build(spec, abi, library, cache), True
