@@ -112,3 +112,10 @@ def test_a_source_the_compiler_rejects_is_one_line_and_leaves_no_scratch(fleet, 
 def test_on_refuses_flags_that_mean_a_local_build(fleet, tmp_path):
     r = _build(fleet(), tmp_path / "cache", SOURCE, "--out", str(tmp_path / "out"))
     _one_line_exit_2(r, "--on builds on the host")
+
+
+def test_cuda_asked_of_a_host_whose_torch_is_a_cpu_build_is_one_line(fleet, tmp_path):
+    if torch.version.cuda:
+        pytest.skip("this machine's torch is a CUDA build")
+    r = _build(fleet(), tmp_path / "cache", SOURCE, "--cuda", "--arch", "9.0")
+    _one_line_exit_2(r, "--on h1", f"its torch {torch.__version__} is a CPU build")
