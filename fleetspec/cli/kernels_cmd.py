@@ -11,6 +11,7 @@ import click
 from fleetspec.cli.output import echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
+from fleetspec.model import kernel_build as KB
 
 
 def _sources(ctx, given: tuple[Path, ...]) -> list[Path]:
@@ -46,26 +47,37 @@ def kernels_group():
                    "(scripts/cuda-toolchain.sh fetches one); with --cuda, --arch and --cuda-home.")
 @click.option("--cuda-home", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="A CUDA toolkit with bin/nvcc (with --torch-root).")
+@click.option("--on", "on_host", default=None, metavar="HOST",
+              help="Build on this inventory host with its python, torch and compiler (CUDA when its torch "
+                   "is a CUDA build: arch from its nvidia-smi, or --arch) and fetch the library into --cache.")
 @click.pass_context
-def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home):
-    """Build each kernel folder (default: every one in the playbooks) with this machine's torch, or
-    for CUDA hosts against an unpacked CUDA torch (--torch-root) without a GPU here."""
+def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home, on_host):
+    """Build each kernel folder (default: every one in the playbooks) with this machine's torch, on a
+    fleet host (--on), or for CUDA hosts against an unpacked CUDA torch (--torch-root) without a GPU here."""
     folders = _sources(ctx, sources)
     if out is not None and len(folders) > 1:
         raise UserError("--out takes one kernel folder at a time")
     if (torch_root is None) != (cuda_home is None) or (torch_root is not None and (cuda is not True or not arch)):
         raise UserError("--torch-root and --cuda-home go together, with --cuda and --arch")
+    if on_host is not None and (torch_root is not None or out is not None):
+        raise UserError("--on builds on the host: not with --torch-root, --cuda-home or --out")
+    host = ctx.obj.select([on_host])[0] if on_host is not None else None
     for folder in folders:
-        if torch_root is not None:
-            kernel, built = K.build_kernel_offline(folder, torch_root, cuda_home, arch, cache, verbose)
+        if host is not None:
+            from fleetspec.ops.kernel_remote import build_on_host
+
+            kernel, built = build_on_host(ctx.obj.transport(host), host, folder, cache, cuda=cuda, arch=arch)
+        elif torch_root is not None:
+            kernel, built = KB.build_kernel_offline(folder, torch_root, cuda_home, arch, cache, verbose)
             if out is not None:
                 Path(out).mkdir(parents=True, exist_ok=True)
                 for name in (kernel.library_file, K.KERNEL_JSON, *kernel.spec.sources, *kernel.spec.cuda_sources):
                     shutil.copyfile(kernel.spec.root / name, Path(out) / name)
         else:
-            kernel, built = K.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
+            kernel, built = KB.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
         abi = kernel.abi
-        click.echo(f"{kernel.name}: {'built' if built else 'cached'} {kernel.path} "
+        where = f" on {host.name}" if host is not None else ""
+        click.echo(f"{kernel.name}: {'built' if built else 'cached'}{where} {kernel.path} "
                    f"(torch {abi.torch}, {abi.python_tag}, cuda {abi.cuda}, cxx11_abi {abi.cxx11_abi}, "
                    f"{abi.platform}{', arch ' + ';'.join(abi.arch_list) if abi.arch_list else ''}, "
                    f"sha256 {kernel.sha256[:12]})")

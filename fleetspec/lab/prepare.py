@@ -8,6 +8,8 @@ one line per stage with its seconds.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,8 @@ def stages() -> list[tuple[str, object]]:
     for version in envs.SGLANG_VERSIONS:
         steps.append((f"local env sglang {version}", lambda v=version: envs.local_env_built(v)))
     steps.append(("kernels", build_kernels))
+    if os.environ.get("FLEETSPEC_CUDA_BUILD") == "1":
+        steps.append(("cuda kernels", build_cuda_kernels))
     return steps
 
 
@@ -63,6 +67,26 @@ def build_kernels() -> bool:
     for source in sorted((ROOT / "playbooks").glob("*/kernels/*/kernel.json")):
         _kernel, built = build_kernel(source.parent)
         built_any = built_any or built
+    return built_any
+
+
+def build_cuda_kernels() -> bool:
+    """With FLEETSPEC_CUDA_BUILD=1: fetch the CUDA toolchain (scripts/cuda-toolchain.sh, cached) and
+    compile every kernel's CUDA source with the real nvcc against a CUDA torch's headers, for the
+    arch list in FLEETSPEC_CUDA_ARCH (default 9.0); cached like the CPU builds."""
+    from fleetspec.model.kernel import build_kernel_offline, load_spec
+
+    done = subprocess.run(["bash", str(ROOT / "scripts/cuda-toolchain.sh")], capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise UserError(f"scripts/cuda-toolchain.sh failed: {last[0]}")
+    paths = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    built_any = False
+    for source in sorted((ROOT / "playbooks").glob("*/kernels/*/kernel.json")):
+        if load_spec(source.parent).cuda_sources:
+            _kernel, built = build_kernel_offline(source.parent, paths["torch_root"], paths["cuda_home"],
+                                                  os.environ.get("FLEETSPEC_CUDA_ARCH", "9.0"))
+            built_any = built_any or built
     return built_any
 
 

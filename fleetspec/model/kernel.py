@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -80,7 +78,7 @@ class Kernel:
                               f"the sha256 of {self.library_file} (it changed since the build)")
         return {self.library_file: data}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict:
         return {**_spec_json(self.spec), "build": {
             "python_tag": self.abi.python_tag, "torch": self.abi.torch, "cuda": self.abi.cuda,
             "cxx11_abi": self.abi.cxx11_abi, "platform": self.abi.platform,
@@ -88,12 +86,12 @@ class Kernel:
             "sha256": self.sha256, "source_sha256": self.source_sha256}}
 
 
-def _spec_json(spec: KernelSpec) -> dict[str, Any]:
+def _spec_json(spec: KernelSpec) -> dict:
     return {"name": spec.name, "library": spec.library, "ops": list(spec.ops),
             "sources": list(spec.sources), "cuda_sources": list(spec.cuda_sources)}
 
 
-def _read(folder: Path) -> tuple[Path, dict[str, Any]]:
+def _read(folder: Path) -> tuple[Path, dict]:
     path = Path(folder) / KERNEL_JSON
     try:
         data = json.loads(path.read_text())
@@ -106,7 +104,7 @@ def _read(folder: Path) -> tuple[Path, dict[str, Any]]:
     return path, data
 
 
-def _names(path: Path, data: dict[str, Any], key: str, required: bool) -> tuple[str, ...]:
+def _names(path: Path, data: dict, key: str, required: bool) -> tuple[str, ...]:
     value = data.get(key, [] if not required else None)
     if not isinstance(value, list) or (required and not value) or not all(
             isinstance(v, str) and v and "/" not in v and not v.startswith(".") for v in value):
@@ -142,7 +140,7 @@ def load_kernel(folder: Path | str) -> Kernel:
     return kernel
 
 
-def _fact(facts: Any, *names: str, default: Any = None) -> Any:
+def _fact(facts: Any, *names: str, default=None):
     for name in names:
         value = facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
         if value is not None:
@@ -150,7 +148,7 @@ def _fact(facts: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def host_abi(facts: Any) -> dict[str, Any]:
+def host_abi(facts: Any) -> dict:
     """Normalise host facts (the torch fact's TorchInfo, or a dict) to the fields a kernel records."""
     return {
         "python_tag": _fact(facts, "python_tag"),
@@ -259,214 +257,13 @@ def find_built_kernel(source: Path | str, host_facts: Any, cache: Path | None = 
                     f"({describe_abi(host_facts)}); build one with {build_command(host_facts)}")
 
 
-# --- building (here, with this machine's torch) ---------------------------------------------
+# The builders live in fleetspec.model.kernel_build; these names keep their old import path.
+_BUILDERS = ("build_kernel", "build_kernel_offline", "local_abi", "cached_build", "record_build")
 
 
-def local_abi(cuda_build: bool, arch: str | None = None) -> Abi:
-    """The ABI tags of a build with this process's torch (arch: the TORCH_CUDA_ARCH_LIST built for)."""
-    import sys
-    import sysconfig
+def __getattr__(name: str):
+    if name in _BUILDERS:
+        from fleetspec.model import kernel_build
 
-    import torch
-
-    arch_list: tuple[str, ...] = ()
-    if cuda_build:
-        listed = arch or os.environ.get("TORCH_CUDA_ARCH_LIST")
-        if listed:
-            arch_list = tuple(a for a in listed.replace(";", " ").split() if a)
-        else:
-            major, minor = torch.cuda.get_device_capability()
-            arch_list = (f"{major}.{minor}",)
-    cuda = torch.version.cuda if cuda_build else "cpu"
-    if cuda is None:
-        raise UserError(f"a CUDA kernel build needs a torch built with CUDA; {sys.executable} has torch "
-                        f"{torch.__version__} without it")
-    return Abi(python_tag="cp%d%d" % sys.version_info[:2], torch=torch.__version__, cuda=cuda,
-               cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-               platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch_list)
-
-
-def _can_build_cuda(spec: KernelSpec, want: bool | None, arch: str | None) -> bool:
-    """want None: CUDA where this machine can (a CUDA torch, nvcc, a GPU to read the arch from);
-    True: CUDA or refuse, with no GPU needed when the arch list is given."""
-    import torch
-    from torch.utils import cpp_extension
-
-    if want is False or not spec.cuda_sources:
-        if want:
-            raise UserError(f"kernel {spec.name} has no cuda_sources to build")
-        return False
-    missing = []
-    if not torch.version.cuda:
-        missing.append(f"this python's torch {torch.__version__} is a CPU build (a CUDA build of torch is needed "
-                       f"for its CUDA headers and libraries)")
-    if not cpp_extension.CUDA_HOME:
-        missing.append("no CUDA toolkit found (set CUDA_HOME, or pip install nvidia-cuda-nvcc-cu12 and point "
-                       "CUDA_HOME at it)")
-    if not (arch or os.environ.get("TORCH_CUDA_ARCH_LIST")) and not (torch.version.cuda and torch.cuda.is_available()):
-        missing.append("no GPU to read the arch from (give --arch, e.g. '9.0', from the hosts' nvidia-smi compute_cap)")
-    if want and missing:
-        raise UserError(f"cannot build kernel {spec.name} for CUDA here: " + "; ".join(missing))
-    return not missing
-
-
-_COMPILE = """
-import json, sys
-from torch.utils import cpp_extension
-name, sources, work, verbose = json.loads(sys.argv[1])
-cpp_extension.load(name=name, sources=sources, build_directory=work, extra_cflags=["-O3"],
-                   extra_cuda_cflags=["-O3"], is_python_module=False, verbose=verbose)
-"""
-
-
-def _compile_in_child(name: str, sources: list[str], work: str, verbose: bool, arch: tuple[str, ...] = ()) -> None:
-    """cpp_extension.load also loads the library; in this process a later load of the cached copy
-    would register the ops twice and abort, so the compiler runs in a child."""
-    import subprocess
-    import sys
-
-    env = dict(os.environ, **({"TORCH_CUDA_ARCH_LIST": ";".join(arch)} if arch else {}))
-    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sources, work, verbose])],
-                          capture_output=not verbose, text=True, env=env)
-    if done.returncode != 0:
-        tail = (done.stderr or "").strip().splitlines()[-5:] if not verbose else []
-        raise UserError(f"compiling kernel {name} failed (exit {done.returncode})" + (": " + " | ".join(tail) if tail else ""))
-
-
-def build_kernel(source: Path | str, cache: Path = KERNEL_CACHE, out: Path | None = None,
-                 verbose: bool = False, cuda: bool | None = None, arch: str | None = None) -> tuple[Kernel, bool]:
-    """Compile `source` with torch.utils.cpp_extension, cache it by source hash and ABI, and record
-    kernel.json. cuda: None = CUDA too where this machine can, True = CUDA or refuse (no GPU
-    needed with `arch`), False = CPU only. Returns (kernel, built_now)."""
-    spec = load_spec(source)
-    cuda = _can_build_cuda(spec, cuda, arch)
-    abi = local_abi(cuda, arch)
-    folder = Path(cache) / cache_key(spec, abi)
-    built_now = False
-    try:
-        kernel = load_kernel(folder)
-        kernel.file_bytes()
-    except (ConfigError, OSError):
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        sources = [str(spec.root / s) for s in spec.sources + (spec.cuda_sources if cuda else ())]
-        with tempfile.TemporaryDirectory(dir=folder.parent) as work:
-            _compile_in_child(f"{spec.library}_{spec.name}", sources, work, verbose, abi.arch_list)
-            library = next(Path(work).glob("*.so"))
-            staging = Path(work) / "out"
-            staging.mkdir()
-            library_file = f"{spec.name}.so"
-            shutil.copyfile(library, staging / library_file)
-            for rel in spec.sources + spec.cuda_sources:
-                shutil.copyfile(spec.root / rel, staging / rel)
-            digest = hashlib.sha256((staging / library_file).read_bytes()).hexdigest()
-            record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
-                            abi, library_file, digest, spec.source_sha256())
-            (staging / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
-            shutil.rmtree(folder, ignore_errors=True)
-            staging.rename(folder)
-        kernel, built_now = load_kernel(folder), True
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        for name in (kernel.library_file, KERNEL_JSON, *spec.sources, *spec.cuda_sources):
-            shutil.copyfile(folder / name, Path(out) / name)
-        kernel = load_kernel(out)
-    return kernel, built_now
-
-
-# --- building for CUDA hosts on a machine without CUDA ---------------------------------------
-
-
-def _wheel_torch(torch_root: Path) -> tuple[str, str, str]:
-    """(torch version, CUDA version, python tag) of an unpacked torch wheel, read without importing it."""
-    import re
-
-    text = (torch_root / "torch/version.py").read_text()
-    version = re.search(r"__version__\s*=\s*'([^']+)'", text)
-    cuda = re.search(r"cuda(?::\s*Optional\[str\])?\s*=\s*'([^']+)'", text)
-    if not version or not cuda:
-        raise UserError(f"{torch_root}: torch/version.py names no version or no CUDA (not a CUDA build of torch)")
-    tags = [line.split(":", 1)[1].strip() for p in torch_root.glob("torch-*.dist-info/WHEEL")
-            for line in p.read_text().splitlines() if line.startswith("Tag:")]
-    return version.group(1), cuda.group(1), (tags[0].split("-")[0] if tags else "")
-
-
-def _uses_cxx11_abi(torch_root: Path) -> bool:
-    """libc10.so exports std::__cxx11 symbols only when built with the C++11 ABI."""
-    return b"__cxx11" in (torch_root / "torch/lib/libc10.so").read_bytes()
-
-
-def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: Path | str, arch: str,
-                         cache: Path = KERNEL_CACHE, verbose: bool = False) -> tuple[Kernel, bool]:
-    """Compile `source` for CUDA hosts with nvcc from `cuda_home` against an unpacked CUDA build of
-    torch (`torch_root`, never imported: no GPU, no CUDA runtime needed here), the flags
-    torch.utils.cpp_extension uses, and record the ABI tags the hosts must match."""
-    import subprocess
-    import sysconfig
-
-    spec = load_spec(source)
-    torch_root, cuda_home = Path(torch_root), Path(cuda_home)
-    nvcc = cuda_home / "bin/nvcc"
-    if not nvcc.is_file():
-        raise UserError(f"--cuda-home {cuda_home}: no bin/nvcc (scripts/cuda-toolchain.sh fetches one)")
-    if not (torch_root / "torch/include").is_dir():
-        raise UserError(f"--torch-root {torch_root}: no torch/include (an unpacked CUDA build of torch)")
-    version, cuda, python_tag = _wheel_torch(torch_root)
-    arch_list = tuple(a for a in arch.replace(";", " ").replace(",", " ").split() if a)
-    if not arch_list or not all(a.removesuffix("+PTX").replace(".", "").isdigit() for a in arch_list):
-        raise UserError(f"--arch {arch!r}: expected compute capabilities such as '9.0' or '8.0;9.0'")
-    abi = Abi(python_tag=python_tag or "cp%d%d" % __import__("sys").version_info[:2], torch=version, cuda=cuda,
-              cxx11_abi=_uses_cxx11_abi(torch_root),
-              platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch_list)
-    folder = Path(cache) / cache_key(spec, abi)
-    try:
-        kernel = load_kernel(folder)
-        kernel.file_bytes()
-        return kernel, False
-    except (ConfigError, OSError):
-        pass
-    ext = torch_root / "torch/utils/cpp_extension.py"
-    std = "-std=c++20" if ext.is_file() and "-std=c++20" in ext.read_text() else "-std=c++17"
-    inc = torch_root / "torch/include"
-    includes = [f"-I{inc}", f"-I{inc}/torch/csrc/api/include", f"-I{cuda_home}/include"]
-    abi_flag = f"-D_GLIBCXX_USE_CXX11_ABI={int(abi.cxx11_abi)}"
-    gencode = []
-    for a in arch_list:
-        cc = a.removesuffix("+PTX").replace(".", "")
-        gencode.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
-        if a.endswith("+PTX"):
-            gencode.append(f"-gencode=arch=compute_{cc},code=compute_{cc}")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as work:
-        w = Path(work)
-        jobs = [[str(nvcc), "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", std, abi_flag, *gencode,
-                 "-Xcompiler", "-fPIC", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                 "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr",
-                 *includes] for s in spec.cuda_sources]
-        jobs += [["c++", "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", "-fPIC", std, abi_flag,
-                  *includes] for s in spec.sources]
-        for job in jobs:
-            done = subprocess.run(job, capture_output=not verbose, text=True)
-            if done.returncode != 0:
-                tail = (done.stderr or "").strip().splitlines()[-5:] if not verbose else []
-                raise UserError(f"compiling {Path(job[2]).name} for CUDA {cuda} failed (exit {done.returncode})"
-                                + (": " + " | ".join(tail) if tail else ""))
-        lib = w / "out" / f"{spec.name}.so"
-        lib.parent.mkdir()
-        cudart = sorted((cuda_home / "lib").glob("libcudart.so*"))
-        if not cudart:
-            raise UserError(f"--cuda-home {cuda_home}: no lib/libcudart.so*")
-        link = ["c++", "-shared", "-o", str(lib), *[str(w / (s + ".o")) for s in spec.sources + spec.cuda_sources],
-                f"-L{torch_root}/torch/lib", "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch",
-                f"-L{cuda_home}/lib", f"-l:{cudart[0].name}"]
-        done = subprocess.run(link, capture_output=not verbose, text=True)
-        if done.returncode != 0:
-            raise UserError(f"linking kernel {spec.name} failed: {(done.stderr or '').strip().splitlines()[-3:]}")
-        for rel in spec.sources + spec.cuda_sources:
-            shutil.copyfile(spec.root / rel, lib.parent / rel)
-        digest = hashlib.sha256(lib.read_bytes()).hexdigest()
-        record = Kernel(KernelSpec(folder, spec.name, spec.library, spec.ops, spec.sources, spec.cuda_sources),
-                        abi, lib.name, digest, spec.source_sha256())
-        (lib.parent / KERNEL_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
-        shutil.rmtree(folder, ignore_errors=True)
-        lib.parent.rename(folder)
-    return load_kernel(folder), True
+        return getattr(kernel_build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -90,6 +90,14 @@ def test_the_release_runs_the_compiled_kernel_and_the_ledger_says_so(lab_fleet):
         assert smoke["smoke"]["ddtree_sample"]["kernel"]["library"].endswith(f"/releases/{release}/kernels/tree_mask.so")
         dropin = labtools.sh(lab_fleet, host, f"cat {DROPIN_DIR}/{DROPIN_NAME}")
         assert f"FLEETSPEC_KERNELS={STATE}/current/kernels" in dropin
+        # The engine says which path it runs: its log (the journal) and, on the lab's stand-in,
+        # /server_info (real sglang has no field for it: DEVELOPING.md).
+        said = f"fleetspec_ddtree: kernel:cpu from {STATE}/current/kernels/tree_mask.so"
+        journal = labtools.sh(lab_fleet, host, f"journalctl -o cat --no-pager _SYSTEMD_INVOCATION_ID="
+                                               f"$(systemctl show -p InvocationID --value {SERVICE}) | grep fleetspec_ddtree: || true")
+        assert said in journal.splitlines(), journal[-2000:]
+        info = json.loads(labtools.sh(lab_fleet, host, "curl -sf http://127.0.0.1:30000/server_info"))
+        assert info["ddtree_kernel"]["loaded"] and info["ddtree_kernel"]["line"] == said, info.get("ddtree_kernel")
     finally:
         _rollback(lab_fleet, host)
 

@@ -205,3 +205,31 @@ def test_a_missing_library_fails_a_required_kernel_and_is_a_note_for_an_optional
     detail = kernel_path({"kernel:tree_mask.so": {**optional.data, "ok": True}, "ddtree_sample": sample.data})
     assert detail["candidates"] == "torch:cpu" and "torch fallback" in detail["kernel_note"]
     assert "kernel_note" not in kernel_path({"ddtree_sample": {"candidates": "kernel:cpu"}})
+
+
+_ENGINE_PROBE = """
+import json, sys
+from sglang.srt.speculative import ddtree_utils  # noqa: F401  (sglang imports it when DDTREE is on)
+from fleetspec_lab_engine.server import ddtree_kernel_info
+print(json.dumps(ddtree_kernel_info()))
+"""
+
+
+def test_the_engine_log_and_the_lab_server_info_say_which_path_runs(tmp_path, built):
+    rel = _release(tmp_path, built, with_library=False)
+    engine = REPO / "fleetspec/lab/engine"
+
+    def run(kernels: Path) -> tuple[str, dict]:
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{rel / 'overlay'}:{engine}", "FLEETSPEC_KERNELS": str(kernels)}
+        out = subprocess.run([sys.executable, "-c", _ENGINE_PROBE], capture_output=True, text=True, env=env,
+                             timeout=120, cwd="/")
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stderr, json.loads(out.stdout.strip().splitlines()[-1])["ddtree_kernel"]
+
+    shutil.copyfile(built.path, tmp_path / "tree_mask.so")
+    log, info = run(tmp_path)
+    assert f"fleetspec_ddtree: kernel:cpu from {tmp_path / 'tree_mask.so'}\n" in log
+    assert info["loaded"] and info["line"] == log.strip().splitlines()[-1]
+    log, info = run(tmp_path / "absent")
+    assert "fleetspec_ddtree: torch fallback (OSError" in log and "absent/tree_mask.so" in log
+    assert not info["loaded"] and info["line"].startswith("fleetspec_ddtree: torch fallback")

@@ -26,6 +26,12 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"
 TOOLCHAIN = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "cuda-toolchain/torch-2.11.0-cuda13.0"
 
+# Off by default: the skip is a plain skip. With FLEETSPEC_CUDA_BUILD=1 (prepare fetches the toolchain
+# and builds), a missing toolchain says "not cached", which tests/conftest.py fails under CI.
+TOOLCHAIN_SKIP = ("the CUDA toolchain is not cached although FLEETSPEC_CUDA_BUILD=1 (prepare fetches it)"
+                  if os.environ.get("FLEETSPEC_CUDA_BUILD") == "1" else
+                  "run scripts/cuda-toolchain.sh first (CUDA torch headers + pip's nvcc, ~1.3 GB unpacked, cached)")
+
 CUDA_HOST = {"python_tag": "cp311", "torch": "2.11.0+cu130", "cuda": "13.0", "cxx11_abi": True,
              "platform": None, "gpu_arch": ("9.0",)}
 
@@ -101,8 +107,7 @@ def test_a_cuda_build_without_cuda_torch_here_says_what_is_missing():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (TOOLCHAIN / ".complete").is_file(),
-                    reason="run scripts/cuda-toolchain.sh first (CUDA torch + pip's nvcc, ~630 MB, cached)")
+@pytest.mark.skipif(not (TOOLCHAIN / ".complete").is_file(), reason=TOOLCHAIN_SKIP)
 def test_a_real_cuda_build_made_here_is_selected_for_a_cuda_host(built, tmp_path):
     kernel, _ = K.build_kernel_offline(SOURCE, TOOLCHAIN / "torch-wheel", TOOLCHAIN / "cuda/nvidia/cu13", "9.0")
     assert (kernel.abi.torch, kernel.abi.cuda, kernel.abi.arch_list, kernel.abi.cxx11_abi) == (

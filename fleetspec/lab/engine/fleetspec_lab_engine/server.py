@@ -4,12 +4,15 @@ served by the stdlib so it needs nothing beyond the host venv."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fleetspec_lab_engine import model, settings
+
+DDTREE_MODULE = "sglang.srt.speculative.ddtree_utils"
 
 OPEN_PATHS = {"/health", "/health_generate", "/ready", "/metrics"}  # open even with --api-key
 
@@ -112,6 +115,7 @@ class Handler(BaseHTTPRequestHandler):
                                                      "generation_tokens")}
             counts["steps_by_mode"] = dict(s.engine.stats["steps_by_mode"])
         info["lab_engine"] = {**s.engine.plan.as_dict(), **counts, "imported": list(s.parsed.imported)}
+        info.update(ddtree_kernel_info(s.engine.decoder.du))
         self._send(200, info)
 
     def model_info(self):
@@ -274,6 +278,17 @@ ROUTES = {
     ("POST", "/generate"): Handler.generate,
     ("POST", "/v1/chat/completions"): Handler.chat,
 }
+
+
+def ddtree_kernel_info(du=None) -> dict:
+    """{"ddtree_kernel": ...}: the deployed payload's candidates path (kernel and library, or the
+    torch fallback and why) once sglang has imported it; {} before. Real sglang has no such field
+    (DEVELOPING.md says why); its engine log has the payload's one line."""
+    du = du or sys.modules.get(DDTREE_MODULE)
+    if du is None or not hasattr(du, "kernel_status"):
+        return {}
+    line = du.kernel_line() if hasattr(du, "kernel_line") else None
+    return {"ddtree_kernel": {**du.kernel_status(), "line": line}}
 
 
 def serve(state: State, host: str, port: int) -> ThreadingHTTPServer:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ __all__ = [
     "tree_summary",
     "load_kernel",
     "kernel_status",
+    "kernel_line",
 ]
 
 KERNEL_OP = "fleetspec_ddtree::topk_logprobs"
@@ -95,6 +97,14 @@ def load_kernel(library: str | os.PathLike | None = None) -> dict:
 def kernel_status() -> dict:
     """JSON-able: whether the compiled candidates kernel is loaded, from where, for which devices."""
     return {"op": KERNEL_OP, **{k: (list(v) if isinstance(v, list) else v) for k, v in _KERNEL.items()}}
+
+
+def kernel_line() -> str:
+    """The path the candidates take in this process, in one line for the engine log: the kernel
+    and its library, or the torch fallback and why."""
+    if _KERNEL["loaded"]:
+        return f"fleetspec_ddtree: kernel:{','.join(_KERNEL['devices'])} from {_KERNEL['library']}"
+    return f"fleetspec_ddtree: torch fallback ({_KERNEL['error'] or 'kernel not loaded'})"
 
 
 @dataclass
@@ -363,3 +373,7 @@ def tree_summary(tree: DDTree) -> dict:
 
 if os.environ.get("FLEETSPEC_DDTREE_KERNEL", "auto") != "off":
     load_kernel()
+else:
+    _KERNEL["error"] = "FLEETSPEC_DDTREE_KERNEL=off"
+if os.environ.get("FLEETSPEC_KERNELS"):     # a deployed engine: its log (the journal) says which path runs
+    print(kernel_line(), file=sys.stderr, flush=True)

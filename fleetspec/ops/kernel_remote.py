@@ -1,0 +1,127 @@
+"""`fleetspec kernels build --on HOST`: compile a kernel folder on a fleet host, with that host's
+own python, torch and compiler (nvcc too for a CUDA torch), and fetch the library back into the
+local kernel cache, keyed by the ABI that host really has, so that a deploy to any host with the
+same facts picks it. The build runs in a scratch folder inside the root-only run folder, which is
+removed whatever happens; nothing else on the host changes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+
+from fleetspec.errors import UserError
+from fleetspec.model import kernel as K
+from fleetspec.model import kernel_build as KB
+from fleetspec.remote import facts, files
+from fleetspec.remote.facts import gpu as gpu_fact
+from fleetspec.remote.facts import torch as torch_fact
+
+# Runs on the host as `python -c` (files.python_c) with argv: scratch folder, arch list ("" = CPU).
+# Compiles directly with the host's c++ (and nvcc), the flags torch.utils.cpp_extension uses, so
+# neither ninja nor setuptools is needed there. Prints one JSON line: the ABI and the library, or
+# an error naming what is missing.
+REMOTE_BUILD = r'''
+import json, os, shutil, subprocess, sys, sysconfig
+work, arch = sys.argv[1], sys.argv[2]
+def done(**kw):
+    print(json.dumps(kw)); sys.exit(0)
+spec = json.load(open(os.path.join(work, "kernel.json")))
+try:
+    import torch
+    from torch.utils import cpp_extension
+except Exception as err:
+    done(error="no torch in %s (%s: %s)" % (sys.executable, type(err).__name__, err))
+cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+if not cxx:
+    done(error="no C++ compiler (c++ or g++) on its PATH; install g++ (Debian: build-essential)")
+archs = [a for a in arch.replace(";", " ").split() if a]
+nvcc = os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+if archs and not torch.version.cuda:
+    done(error="its torch %s is a CPU build; a CUDA build needs a CUDA torch" % torch.__version__)
+if archs and not os.path.isfile(nvcc):
+    done(error="no nvcc (CUDA_HOME unset and none on PATH) for its CUDA %s torch" % torch.version.cuda)
+abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+std = "-std=c++20" if "-std=c++20" in open(cpp_extension.__file__).read() else "-std=c++17"
+def paths(fn):
+    try:
+        return fn(device_type="cuda" if archs else "cpu")
+    except TypeError:
+        return fn(bool(archs))
+inc = ["-I" + p for p in paths(cpp_extension.include_paths)]
+flags = ["-O3", std, "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-DTORCH_EXTENSION_NAME=%s" % spec["library"]]
+jobs, objs = [], []
+for s in spec["sources"]:
+    objs.append(os.path.join(work, s + ".o"))
+    jobs.append([cxx, "-c", os.path.join(work, s), "-o", objs[-1], "-fPIC"] + flags + inc)
+for s in spec.get("cuda_sources", []) if archs else []:
+    objs.append(os.path.join(work, s + ".o"))
+    gencode = ["-gencode=arch=compute_%s,code=sm_%s" % ((a.split("+")[0].replace(".", ""),) * 2) for a in archs]
+    jobs.append([nvcc, "-c", os.path.join(work, s), "-o", objs[-1], "-Xcompiler", "-fPIC",
+                 "--expt-relaxed-constexpr", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                 "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"] + gencode + flags + inc)
+lib = os.path.join(work, spec["name"] + ".so")
+libs = ["-lc10", "-ltorch_cpu", "-ltorch"] + (["-lc10_cuda", "-ltorch_cuda", "-lcudart"] if archs else [])
+link = [cxx, "-shared", "-o", lib] + objs + ["-L" + p for p in paths(cpp_extension.library_paths)] + libs
+for job in jobs + [link]:
+    r = subprocess.run(job, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = [l for l in (r.stderr or r.stdout).strip().splitlines() if l.strip()][-3:]
+        done(error="%s failed (exit %d): %s" % (os.path.basename(job[0]), r.returncode, " | ".join(tail)))
+done(library=lib, abi={"python_tag": "cp%d%d" % sys.version_info[:2], "torch": torch.__version__,
+     "cuda": torch.version.cuda if archs else "cpu", "cxx11_abi": bool(abi),
+     "platform": sysconfig.get_platform().replace("-", "_").replace(".", "_"), "arch_list": archs})
+'''
+
+
+def _target_arch(host: str, tv, gpus, cuda: bool | None, arch: str | None, spec: K.KernelSpec) -> str:
+    """The arch list a build on this host compiles for: "" for a CPU build. A CUDA build (the
+    host's torch is a CUDA build; --cuda asks for one) takes --arch, else the GPUs' compute_cap."""
+    if cuda is False or not spec.cuda_sources or (cuda is None and not tv.cuda):
+        if cuda:
+            raise UserError(f"kernels build --on {host}: kernel {spec.name} has no cuda_sources")
+        return ""
+    if not tv.cuda:
+        raise UserError(f"kernels build --on {host}: its torch {tv.version} is a CPU build; a CUDA build needs a CUDA torch")
+    caps = sorted({g.compute_cap for g in (gpus.gpus if gpus and gpus.present else []) if g.compute_cap})
+    listed = arch or ";".join(caps)
+    if not listed:
+        raise UserError(f"kernels build --on {host}: no GPU arch (nvidia-smi reports no compute_cap); give --arch")
+    return listed
+
+
+def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, cuda: bool | None = None,
+                  arch: str | None = None, timeout: float = 900) -> tuple[K.Kernel, bool]:
+    """Build `source` on `host` (transport `t`) and record it in `cache`; (kernel, built_now)."""
+    spec = K.load_spec(source)
+    python = host.vars.python
+    found = facts.gather_many(t, [(torch_fact, {"python": python}), (gpu_fact, {})], errors="return")
+    tv, gpus = found
+    if isinstance(tv, Exception) or not tv.installed:
+        why = tv if isinstance(tv, Exception) else (tv.error or "not importable")
+        raise UserError(f"kernels build --on {host.name}: no torch in {python} ({why})")
+    gpus = None if isinstance(gpus, Exception) else gpus
+    target = _target_arch(host.name, tv, gpus, cuda, arch, spec)
+    scratch = t.run_script(files.scratch_dir(), timeout=30, check=True).stdout.strip().splitlines()[-1]
+    try:
+        for name in (K.KERNEL_JSON, *spec.sources, *spec.cuda_sources):
+            t.put_bytes((spec.root / name).read_bytes(), f"{scratch}/{name}", mode=0o600, durable=False)
+        r = t.run_script(files.python_c(python, REMOTE_BUILD, [scratch, target]), timeout=timeout)
+        try:
+            result = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.rc}, no output"]
+            raise UserError(f"kernels build --on {host.name}: the build did not report ({tail[0]})") from None
+        if "error" in result:
+            raise UserError(f"kernels build --on {host.name}: {result['error']}")
+        library = t.get_bytes(result["library"])
+    finally:
+        t.run_script(f"rm -rf -- {shlex.quote(scratch)}", timeout=60)
+    abi = result["abi"]
+    abi = K.Abi(abi["python_tag"], abi["torch"], abi["cuda"], bool(abi["cxx11_abi"]), abi["platform"],
+                tuple(abi["arch_list"]))
+    cached = KB.cached_build(spec, abi, cache)
+    if cached is not None and cached.sha256 == hashlib.sha256(library).hexdigest():
+        return cached, False
+    return KB.record_build(spec, abi, library, cache), True
