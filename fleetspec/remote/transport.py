@@ -622,7 +622,9 @@ def sudo_problem(rc: int, output: str, user: str) -> str | None:
     if rc == 127 or "not found" in text:
         return "sudo is not installed on the host; install it or connect as root"
     if "password is required" in text:
-        return (f"its sudo asks for a password{said}; {_SUDO_FIX}: give the user a NOPASSWD sudoers rule "
+        # sudo answers the same for a user with no rule at all: it asks before it looks at the rules
+        return (f"sudo asks for a password{said}: the user has no NOPASSWD rule (or no sudo rule at all) and "
+                f"{_SUDO_FIX}; give it a NOPASSWD sudoers rule "
                 f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
     if "tty" in text:
         return f"its sudo needs a terminal (requiretty){said}; allow it without one or connect as root"
