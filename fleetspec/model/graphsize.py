@@ -129,7 +129,7 @@ def size(derived: Derived, table: OptionTable, policy: str, where: str) -> Graph
 
 def _with_bs(derived: Derived, option: str, dest: str, bs: int, table: OptionTable) -> Derived:
     """The kept item for `dest` rewritten in place (both spellings), or the flag added when absent."""
-    argv, kept, hit = list(derived.argv), [list(t) for t in derived.kept], False
+    argv, kept, changed = list(derived.argv), [list(t) for t in derived.kept], list(derived.changed)
     for tokens in kept:
         found, _, explicit = _item(tokens, table)
         if found != dest:
@@ -137,10 +137,10 @@ def _with_bs(derived: Derived, option: str, dest: str, bs: int, table: OptionTab
         new = [f"{tokens[0].split('=', 1)[0]}={bs}"] if explicit else [tokens[0], str(bs)]
         start = _find(argv, tokens)
         argv[start:start + len(tokens)] = new
+        changed.append([list(tokens), new])
         tokens[:] = new
-        hit = True
-    if hit:
-        return replace(derived, argv=argv, kept=kept)
+    if len(changed) > len(derived.changed):
+        return replace(derived, argv=argv, kept=kept, changed=changed)
     added = [*derived.added, option, str(bs)]
     at = _find(argv, derived.added) + len(derived.added) if derived.added else len(argv)
     return replace(derived, argv=[*argv[:at], option, str(bs), *argv[at:]], added=added)

@@ -108,6 +108,7 @@ class LaunchPlan:
         d = self.derived
         return {"form": self.form.label, "prefix": self.form.prefix, "path": self.form.path,
                 "kept": d.kept, "dropped": d.dropped, "carried": d.carried, "added": d.added,
+                "changed": d.changed,
                 "baseline_algorithm": d.algorithm, "env_kept": list(self.env_kept),
                 "env_dropped": list(self.env_dropped), "simulated_env": list(self.simulated)}
 

@@ -53,6 +53,7 @@ def test_corpus_graph_sizes_keep_verify_tokens_within_the_baseline(case):
     assert after_bs <= before_bs and after_bs >= 1
     if after_bs < before_bs:                                  # a changed token, said in the plan
         assert f"--cuda-graph-max-bs {before_bs} -> {after_bs}" in sized.note
+        assert sized.derived.changed == [[["--cuda-graph-max-bs", str(before_bs)], ["--cuda-graph-max-bs", str(after_bs)]]]
     others = [t for t in sized.derived.kept if t[0] != "--cuda-graph-max-bs"]
     assert others == [t for t in d.kept if t[0] != "--cuda-graph-max-bs"]   # nothing else moved
     assert len(sized.derived.argv) == len(d.argv)
