@@ -151,18 +151,20 @@ def add_users(upper: Path, lowers: list[Path], client_pub: bytes) -> None:
     """LAB_USERS in passwd/shadow/group (owners and modes kept), their keys, and a sudoers file;
     done at `lab up` so the image's layers stay as they are. Passwords are `*`: none works, and
     sshd still takes the key (`!` would lock the account)."""
-    for rel, line in (("etc/passwd", "{u}:x:{i}:{i}::/home/{u}:/bin/bash"), ("etc/shadow", "{u}:*:20000:0:99999:7:::"),
-                      ("etc/group", "{u}:x:{i}:")):
+    lines = {"etc/passwd": "{u}:x:{i}:{i}::/home/{u}:/bin/bash", "etc/shadow": "{u}:*:20000:0:99999:7:::",
+             "etc/group": "{u}:x:{i}:"}
+    for rel, line in lines.items():
         data, st = _lower_bytes(lowers, rel)
         names = {ln.split(b":")[0] for ln in data.splitlines()}
-        extra = "".join(line.format(u=u, i=uid) + "\n" for u, (uid, _) in LAB_USERS.items() if u.encode() not in names)
+        extra = "".join(line.format(u=u, i=uid) + "\n" for u, (uid, _) in LAB_USERS.items()
+                        if u.encode() not in names)
         _write(upper, lowers, "/" + rel, data + extra.encode(), st.st_mode & 0o7777)
         os.chown(upper / rel, st.st_uid, st.st_gid)
     for user, (uid, _) in LAB_USERS.items():
         _write(upper, lowers, f"/home/{user}/.ssh/authorized_keys", client_pub, 0o600)
-        for rel, mode in ((f"home/{user}", 0o700), (f"home/{user}/.ssh", 0o700), (f"home/{user}/.ssh/authorized_keys", 0o600)):
-            os.chown(upper / rel, uid, uid)
-            os.chmod(upper / rel, mode)
+        for rel, mode in (("", 0o700), ("/.ssh", 0o700), ("/.ssh/authorized_keys", 0o600)):
+            os.chown(upper / f"home/{user}{rel}", uid, uid)
+            os.chmod(upper / f"home/{user}{rel}", mode)
     rules = "".join(f"{rule}\n" for _, rule in LAB_USERS.values() if rule)
     _write(upper, lowers, "/etc/sudoers.d/fleetspec-lab", rules.encode(), 0o440)
 
