@@ -1,7 +1,7 @@
 """Sizing the decode/verify CUDA graph when the new algorithm verifies more tokens per request.
 
 sglang captures the target-verify graph for `max_bs` requests of `num_tokens_per_bs` tokens each
-(0.5.13.post1: model_executor/cuda_graph_runner.py:519-542, spec_info.py:156-164; 0.5.23:
+(0.5.13.post1: model_executor/cuda_graph_runner.py:519-542, speculative/spec_info.py:151-159; 0.5.23:
 model_executor/runner/decode_cuda_graph_runner.py:359 and 424-428), so its buffers hold
 max_bs x tokens. A baseline sized for a 4-token draft (`--cuda-graph-max-bs 128`) would ask a
 65-node DDTree verify for 16x the tokens per graph. The playbook's `launch.cuda_graph` says what to
