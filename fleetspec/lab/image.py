@@ -145,7 +145,7 @@ def fetch_debs() -> list[Path]:
         have = sorted(DEBS.glob(f"{name}_*.deb"))
         if not have:
             done = subprocess.run(["apt-get", "download", "-q", name], cwd=DEBS, capture_output=True,
-                                  text=True)
+                                  text=True, check=False)
             have = sorted(DEBS.glob(f"{name}_*.deb"))
             if done.returncode != 0 or not have:
                 last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
@@ -169,8 +169,8 @@ def _build_packages(debs: list[Path]) -> None:
     names = [f"/tmp/{d.name}" for d in debs]
     script = "\n".join([
         "set -e",
-        f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={partial},workdir={scratch}/work')} "
-        f"{q(str(merged))}",
+        (f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={partial},workdir={scratch}/work')} "
+         f"{q(str(merged))}"),
         *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names)),
         f"mount -t proc proc {q(str(merged / 'proc'))}",
         f"mount --rbind /dev {q(str(merged / 'dev'))}",

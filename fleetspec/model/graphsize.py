@@ -11,8 +11,8 @@ stops at preflight, `keep` leaves it (the default; said in the plan).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from fleetspec.errors import UserError
 from fleetspec.model.launch import Derived, OptionTable

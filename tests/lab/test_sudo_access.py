@@ -17,7 +17,14 @@ import yaml
 
 from tests.lab import labtools
 from tests.lab.labtools import fs
-from tests.lab.test_deploy import HOST, SERVICE, STATE, ct129, snapshot, wait_healthy  # noqa: F401 (fixture)
+from tests.lab.test_deploy import (  # noqa: F401 (fixture)
+    HOST,
+    SERVICE,
+    STATE,
+    ct129,
+    snapshot,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -42,7 +49,7 @@ def as_user(fleet, user: str, script: str, timeout: float = 120) -> subprocess.C
 
     argv = ssh.argv(fleet.root, fleet.addresses[HOST])
     argv[-1] = f"{user}@{fleet.addresses[HOST]}"
-    return subprocess.run([*argv, "--", script], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*argv, "--", script], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def owners_and_modes(fleet) -> list[str]:
@@ -59,7 +66,7 @@ def ledger_lines(fleet) -> int:
     return len(labtools.ledger(fleet, HOST))
 
 
-def test_ops_with_passwordless_sudo_deploys_and_rolls_back_as_root_does(lab_fleet, ct129, tmp_path):
+def test_ops_with_passwordless_sudo_deploys_and_rolls_back_as_root_does(lab_fleet, ct129, tmp_path):  # noqa: F811
     ops = inventory_as(lab_fleet, tmp_path, "ops")
     fs(lab_fleet, "-i", ops, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", check_rc=0)
     s = json.loads(fs(lab_fleet, "-i", ops, "status", HOST, "--json", check_rc=0).stdout.strip().splitlines()[-1])
@@ -80,7 +87,7 @@ def test_ops_with_passwordless_sudo_deploys_and_rolls_back_as_root_does(lab_flee
 
 
 @pytest.mark.parametrize("user", ["nosudo", "pwsudo"])
-def test_user_whose_sudo_needs_a_password_is_refused_in_one_line(lab_fleet, ct129, tmp_path, user):
+def test_user_whose_sudo_needs_a_password_is_refused_in_one_line(lab_fleet, ct129, tmp_path, user):  # noqa: F811
     assert as_user(lab_fleet, user, "id -un").stdout.strip() == user       # the key works: only sudo fails
     before = ledger_lines(lab_fleet)
     r = fs(lab_fleet, "-i", inventory_as(lab_fleet, tmp_path, user), "deploy", HOST, "--algo", "ddtree", "--yes")

@@ -59,8 +59,9 @@ def test_corpus_graph_sizes_keep_verify_tokens_within_the_baseline(case):
     assert len(sized.derived.argv) == len(d.argv)
 
 
-NEXTN = ("/venv/bin/python3 -m sglang.launch_server --model-path /m --tp-size 2 --speculative-algo NEXTN "
-         "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4").split()
+NEXTN = ["/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "2",
+         "--speculative-algo", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4"]
 
 
 def test_rescale_of_an_explicit_max_bs_in_both_spellings():
