@@ -82,6 +82,8 @@ def _print_plan(o) -> None:
             words = " ".join(shlex.join(item) for item in launch[key])
             click.echo(f"   {label}: {words or '-'}")
         click.echo(f"   added: {shlex.join(launch['added']) or '-'}")
+        for before, after in launch.get("changed", []):
+            click.echo(f"   changed: {shlex.join(before)} -> {shlex.join(after)}")
         for label, key in (("env unset", "env_dropped"), ("env kept", "env_kept"), ("env simulated", "simulated_env")):
             if launch[key]:
                 click.echo(f"   {label}: {', '.join(launch[key])}")

@@ -22,6 +22,13 @@ from fleetspec.lab import cgroups, image, network, profiles
 from fleetspec.lab.engine import files as engine_files
 
 RUN = Path(os.environ.get("FLEETSPEC_LAB_RUN", "/run/fleetspec-lab"))
+# Users every lab host has besides root, each with the lab's client key (issue 12, "access as
+# operators have it"): name -> (uid, sudoers rule or None).
+LAB_USERS = {
+    "ops": (1001, "ops ALL=(ALL:ALL) NOPASSWD: ALL"),       # a cloud image's admin user
+    "nosudo": (1002, None),                                 # no sudo rule at all
+    "pwsudo": (1003, "pwsudo ALL=(ALL:ALL) ALL"),           # sudo that asks for a password
+}
 ENGINE_JSON = {"load_seconds": 1.0, "warmup_seconds": 0.5, "step_seconds": 0.02}
 
 
@@ -132,6 +139,34 @@ def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes
     site = image.site_packages(profile.version)
     for rel, data in engine_files().items():
         _write(upper, lowers, f"{site}/{rel}", data)
+    add_users(upper, lowers, client_pub)
+
+
+def _lower_bytes(lowers: list[Path], rel: str) -> tuple[bytes, os.stat_result]:
+    path = next(lo / rel for lo in lowers if (lo / rel).exists())
+    return path.read_bytes(), path.stat()
+
+
+def add_users(upper: Path, lowers: list[Path], client_pub: bytes) -> None:
+    """LAB_USERS in passwd/shadow/group (owners and modes kept), their keys, and a sudoers file;
+    done at `lab up` so the image's layers stay as they are. Passwords are `*`: none works, and
+    sshd still takes the key (`!` would lock the account)."""
+    lines = {"etc/passwd": "{u}:x:{i}:{i}::/home/{u}:/bin/bash", "etc/shadow": "{u}:*:20000:0:99999:7:::",
+             "etc/group": "{u}:x:{i}:"}
+    for rel, line in lines.items():
+        data, st = _lower_bytes(lowers, rel)
+        names = {ln.split(b":")[0] for ln in data.splitlines()}
+        extra = "".join(line.format(u=u, i=uid) + "\n" for u, (uid, _) in LAB_USERS.items()
+                        if u.encode() not in names)
+        _write(upper, lowers, "/" + rel, data + extra.encode(), st.st_mode & 0o7777)
+        os.chown(upper / rel, st.st_uid, st.st_gid)
+    for user, (uid, _) in LAB_USERS.items():
+        _write(upper, lowers, f"/home/{user}/.ssh/authorized_keys", client_pub, 0o600)
+        for rel, mode in (("", 0o700), ("/.ssh", 0o700), ("/.ssh/authorized_keys", 0o600)):
+            os.chown(upper / f"home/{user}{rel}", uid, uid)
+            os.chmod(upper / f"home/{user}{rel}", mode)
+    rules = "".join(f"{rule}\n" for _, rule in LAB_USERS.values() if rule)
+    _write(upper, lowers, "/etc/sudoers.d/fleetspec-lab", rules.encode(), 0o440)
 
 
 def boot(name: str, address: str, profile: profiles.Profile, root: Path | str = "") -> HostState:

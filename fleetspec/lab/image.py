@@ -47,6 +47,13 @@ MaxSessions 64
 """
 
 
+# Debian packages a host needs beyond debootstrap's, in a small layer of their own between the
+# base and the sglang layers (so adding one rebuilds neither). The debs come from this machine's apt
+# (Debian 12, as the image) once, into DEBS; builds after that are offline.
+PACKAGES_RECIPE = {"v": 1, "packages": ["sudo"]}
+DEBS = envs.CACHE / "debs"
+
+
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -71,9 +78,13 @@ def env_layer(version: str) -> Path:
     return envs.CACHE / "layers" / f"sglang-{version}-{env_hash(version)}"
 
 
+def packages_layer() -> Path:
+    return envs.CACHE / "layers" / f"debs-{_digest({'base': base_hash(), **PACKAGES_RECIPE})}"
+
+
 def lowerdirs(version: str) -> list[Path]:
     """Overlay lower layers for a host running `version`, topmost first."""
-    return [env_layer(version), base_dir()]
+    return [env_layer(version), packages_layer(), base_dir()]
 
 
 def marker(folder: Path) -> Path:
@@ -85,6 +96,7 @@ def ensure(versions, log=print) -> bool:
     """Build whatever is missing; return True if anything was built (a cold start)."""
     built = ensure_rootfs(log)
     built = ensure_base(log) or built
+    built = ensure_packages(log) or built
     for version in versions:
         built = ensure_layer(version, log) or built
     return built
@@ -115,6 +127,68 @@ def ensure_base(log=print) -> bool:
     log(f"building base image {base_dir()}")
     _build_base()
     return True
+
+
+def ensure_packages(log=print) -> bool:
+    if marker(packages_layer()).exists():
+        return False
+    log(f"building package layer {packages_layer()} ({', '.join(PACKAGES_RECIPE['packages'])})")
+    _build_packages(fetch_debs())
+    return True
+
+
+def fetch_debs() -> list[Path]:
+    """The recipe's .debs under DEBS, fetched with this machine's `apt-get download` when missing."""
+    DEBS.mkdir(parents=True, exist_ok=True)
+    found = []
+    for name in PACKAGES_RECIPE["packages"]:
+        have = sorted(DEBS.glob(f"{name}_*.deb"))
+        if not have:
+            done = subprocess.run(["apt-get", "download", "-q", name], cwd=DEBS, capture_output=True,
+                                  text=True, check=False)
+            have = sorted(DEBS.glob(f"{name}_*.deb"))
+            if done.returncode != 0 or not have:
+                last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+                raise UserError(f"apt-get download {name} into {DEBS} failed (exit {done.returncode}; it needs "
+                                f"apt's lists: apt-get update): {last}")
+        found.append(have[-1])
+    return found
+
+
+def _build_packages(debs: list[Path]) -> None:
+    """dpkg -i the debs in a chroot of the base; the overlay's upper folder is the layer."""
+    final = packages_layer()
+    partial, scratch = final.with_name(final.name + ".partial"), final.with_name(final.name + ".scratch")
+    for folder in (partial, scratch):
+        if folder.exists():
+            shutil.rmtree(folder)
+    partial.mkdir(parents=True)
+    (scratch / "work").mkdir(parents=True)
+    (scratch / "merged").mkdir()
+    q, merged = shlex.quote, scratch / "merged"
+    names = [f"/tmp/{d.name}" for d in debs]
+    script = "\n".join([
+        "set -e",
+        (f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={partial},workdir={scratch}/work')} "
+         f"{q(str(merged))}"),
+        *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names)),
+        f"mount -t proc proc {q(str(merged / 'proc'))}",
+        f"mount --rbind /dev {q(str(merged / 'dev'))}",
+        f"chroot {q(str(merged))} /usr/bin/dpkg -i {' '.join(map(q, names))}",
+        f"rm -f -- {' '.join(q(str(merged) + n) for n in names)}",
+    ])
+    try:
+        subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       check=True, env=_clean_env(), capture_output=True, text=True)
+    except subprocess.CalledProcessError as err:
+        last = (err.stderr.strip() or err.stdout.strip() or "no output").splitlines()[-1]
+        raise UserError(f"installing {', '.join(d.name for d in debs)} into {partial} failed "
+                        f"(exit {err.returncode}): {last}") from None
+    shutil.rmtree(scratch)
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    marker(final).write_text(json.dumps(PACKAGES_RECIPE) + "\n")
 
 
 def ensure_layer(version: str, log=print) -> bool:

@@ -30,6 +30,7 @@ def stages() -> list[tuple[str, object]]:
         ("download", lambda: envs.download_wheels() > 0),
         ("rootfs", lambda: image.ensure_rootfs(_quiet)),
         ("base image", lambda: image.ensure_base(_quiet)),
+        ("package layer", lambda: image.ensure_packages(_quiet)),
     ]
     for version in envs.SGLANG_VERSIONS:
         steps.append((f"layer sglang {version}", lambda v=version: image.ensure_layer(v, _quiet)))

@@ -18,6 +18,7 @@ from fleetspec.model.names import is_service
 from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
 POLICIES = ("strict", "accept-new")
+BECOME = ("sudo", "none")         # how a user other than root acts as root on the host
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")      # fullmatch: `$` would let a trailing newline in
 _JUMP = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>[^@\s:\[\]]+|\[[0-9a-fA-F:.]+\])(?::(?P<port>\d+))?$")
 
@@ -81,6 +82,7 @@ class Host:
     address: str
     port: int = 22
     user: str = "root"
+    become: str = "none"
     ssh_key: Path | None = None
     known_hosts: Path | None = None
     host_key_policy: str = "strict"
@@ -243,6 +245,7 @@ def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str,
     """user, port, keys, policy and timeouts; relative paths are relative to the inventory file."""
     out = dict(base)
     out["user"] = f.get("user", str, out.get("user", "root"))
+    out["become"] = _become(f, base, out["user"])
     port = f.get("port", int, out.get("port", 22))
     if not 1 <= port <= 65535:
         f.fail("port", f"expected a port number 1-65535, got {port}")
@@ -263,6 +266,20 @@ def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str,
             f.fail(key, f"expected a positive number of seconds, got {value}")
         out[key] = float(value)
     return out
+
+
+def _become(f: Fields, base: dict, user: str) -> str:
+    """`sudo` (`sudo -n`, never a password) is the default for every user but root; fleetspec's
+    files on a host are root's, so a non-root user with `become: none` could change nothing."""
+    default = "none" if user == "root" else "sudo"
+    inherited = base.get("become")
+    if inherited == ("none" if base.get("user", "root") == "root" else "sudo"):
+        inherited = None                      # the defaults' own default follows this host's user
+    value = f.choice("become", BECOME, inherited or default)
+    if value == "none" and user != "root":
+        f.fail("become", f"expected sudo for user {user!r} (fleetspec writes root's files on the host; "
+                         f"become: none needs user: root)")
+    return value
 
 
 def _check_vars(f: Fields) -> None:

@@ -426,6 +426,7 @@ class Derived:
     added: list[str]              # the playbook's flags
     algorithm: str | None         # the baseline's algorithm, as written
     notes: list[str] = field(default_factory=list)
+    changed: list[list[list[str]]] = field(default_factory=list)   # [before, after] (graphsize)
 
 
 def derive(form: LaunchForm, table: OptionTable, flags: Sequence[str], *, carry: Sequence[str] = (),

@@ -53,6 +53,7 @@ class Launch:
     carry: tuple[str, ...] = DEFAULT_CARRY
     drop: tuple[str, ...] = ()
     env_keep: tuple[str, ...] = ()
+    cuda_graph: str = "keep"      # keep | rescale | refuse: fleetspec.model.graphsize
 
 
 @dataclass(frozen=True)
@@ -238,13 +239,14 @@ def _launch(f: Fields) -> Launch:
     carry = f.str_list("carry", DEFAULT_CARRY)
     drop = f.str_list("drop")
     env_keep = f.str_list("env_keep")
+    cuda_graph = f.choice("cuda_graph", ("keep", "rescale", "refuse"), "keep")
     for key, names in (("carry", carry), ("drop", drop)):
         for i, name in enumerate(names):
             if not (name.startswith("--") or name.replace("_", "a").isalnum()):
                 f.fail(f"{key}[{i}]", f"expected an option string (--speculative-…) or a dest name, got {name!r}")
     f.done()
     return Launch(flags=tuple(flags), env=MappingProxyType(env), secret_env=secret_env, carry=carry, drop=drop,
-                  env_keep=env_keep)
+                  env_keep=env_keep, cuda_graph=cuda_graph)
 
 
 def _tokens(items: list[Any], f: Fields, key: str) -> tuple[str, ...]:

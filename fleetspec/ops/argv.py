@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import jinja2
 
 from fleetspec.errors import UserError
-from fleetspec.model import launch
+from fleetspec.model import graphsize, launch
 from fleetspec.model.playbook import Playbook
 
 SPEC_PREFIX = "--speculative"
@@ -108,6 +108,7 @@ class LaunchPlan:
         d = self.derived
         return {"form": self.form.label, "prefix": self.form.prefix, "path": self.form.path,
                 "kept": d.kept, "dropped": d.dropped, "carried": d.carried, "added": d.added,
+                "changed": d.changed,
                 "baseline_algorithm": d.algorithm, "env_kept": list(self.env_kept),
                 "env_dropped": list(self.env_dropped), "simulated_env": list(self.simulated)}
 
@@ -146,6 +147,8 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Seque
                                 version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
+    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where)
+    derived = sized.derived
     keep = set(playbook.launch.env_keep)
     head_env = [a.split("=", 1)[0] for a in form.env_assignments]
     bad_head = [n for n in launch.speculative_env(head_env) if n not in keep]
@@ -157,7 +160,7 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Seque
     kept = tuple(n for n in spec if n in keep or n in playbook.launch.env)
     dropped = tuple(n for n in spec if n not in kept and n in environment)
     simulated = tuple(n for n in names if launch.SIMULATED.match(n))
-    notes = []
+    notes = [f"cuda graph: {sized.note}"] if sized.note else []
     if derived.dropped:
         notes.append("speculative options dropped: " + " ".join(" ".join(i) for i in derived.dropped))
     if derived.carried:

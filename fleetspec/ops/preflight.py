@@ -204,7 +204,7 @@ def run(t, req, echo=print) -> Preflight:
     service, python = host.vars.service, host.vars.python
     state = HostState(t, host.name, service)
     check_secret_env(host, playbook)           # before the host is even contacted
-
+    t.check_access()                           # become: sudo that cannot act as root: one line, exit 2
     unit = gather_unit(t, service)
     if unit.load_state != "loaded" or not unit.fragment_path:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "

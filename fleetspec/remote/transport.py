@@ -173,6 +173,7 @@ class Transport:
         self._ssh: paramiko.Transport | None = None
         self._jump: paramiko.Transport | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._access_ok = False
 
     # ---- connection ------------------------------------------------------------------------
 
@@ -279,17 +280,16 @@ class Transport:
 
     @property
     def needs_sudo(self) -> bool:
-        return self.host.user != "root"
+        return self.host.become == "sudo"
 
     def _wrap(self, script: str) -> str:
-        inner = f"sh -c {shlex.quote(script)}"
-        return f"sudo -n {inner}" if self.needs_sudo else inner
+        return become_sudo(script) if self.needs_sudo else f"sh -c {shlex.quote(script)}"
 
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
             stdin: bytes | None = None) -> CommandResult:
-        """Run argv (joined with shlex) on the host; as root, or via `sudo -n` for other users."""
+        """Run argv (joined with shlex) on the host; as root, or via `sudo -n` (become: sudo)."""
         command = shlex.join(str(a) for a in argv)
-        full = f"sudo -n {command}" if self.needs_sudo else command
+        full = become_sudo(command) if self.needs_sudo else command
         return self._exec(full, command, timeout, check, stdin)
 
     def run_script(self, script: str, timeout: float | None = None, check: bool = False,
@@ -297,7 +297,23 @@ class Transport:
         """Run a shell script (its words already quoted with shlex.quote) under `sh -c`."""
         return self._exec(self._wrap(script), script, timeout, check, stdin)
 
+    def check_access(self) -> None:
+        """With become: sudo, one `sudo -n true` before the first command: a user who may not
+        use sudo, or whose sudo asks for a password, is refused in one line (exit 2)."""
+        if not self.needs_sudo or self._access_ok:
+            return
+        began = time.monotonic()
+        r = self._exec_inner(SUDO_PROBE, "sudo -n true", 30, False, None)
+        _observe(self.name, "sudo -n true", began, f"rc={r.rc}")
+        problem = sudo_problem(r.rc, r.stderr + r.stdout, self.host.user)
+        if problem:
+            h = self.host
+            raise UserError(f"{h.name}: {h.user}@{h.address} cannot act as root: {problem} "
+                            f"(user:/become: in {h.inventory_path or 'the inventory'})")
+        self._access_ok = True
+
     def _exec(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
+        self.check_access()
         began = time.monotonic()
         try:
             result = self._exec_inner(full, shown, timeout, check, stdin)
@@ -363,6 +379,7 @@ class Transport:
     def open_exec(self, script: str):
         """Start a long-lived command whose stdin is our channel (the deploy lock's holder).
         The caller owns the channel; closing it (or this process dying) ends the command."""
+        self.check_access()
         began = time.monotonic()
         ssh = self.connect()
         try:
@@ -582,6 +599,37 @@ def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
     except (AttributeError, OSError):      # not Linux: TCP's own timeouts apply
         pass
+
+
+# Root's umask over sshd, so that what sudo writes is moded as what root writes (sudo would
+# otherwise apply the user's umask, e.g. 027, to every folder and file fleetspec makes).
+SUDO_UMASK = "022"
+SUDO_PROBE = "sudo -n -- true"
+_SUDO_FIX = "fleetspec runs `sudo -n` and never types a password"
+
+
+def become_sudo(command: str) -> str:
+    """A shell command run as root through `sudo -n` (fails, never prompts, when a password is needed)."""
+    return f"sudo -n -- sh -c {shlex.quote(f'umask {SUDO_UMASK}; {command}')}"
+
+
+def sudo_problem(rc: int, output: str, user: str) -> str | None:
+    """What `sudo -n true` answered, as the operator's fix; None when it worked."""
+    if rc == 0:
+        return None
+    text = " ".join(output.split())
+    said = f" (sudo said: {text[:160]})" if text else ""
+    if rc == 127 or "not found" in text:
+        return "sudo is not installed on the host; install it or connect as root"
+    if "password is required" in text:
+        # sudo answers the same for a user with no rule at all: it asks before it looks at the rules
+        return (f"sudo asks for a password{said}: the user has no NOPASSWD rule (or no sudo rule at all) and "
+                f"{_SUDO_FIX}; give it a NOPASSWD sudoers rule "
+                f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
+    if "tty" in text:
+        return f"its sudo needs a terminal (requiretty){said}; allow it without one or connect as root"
+    return (f"the user may not use sudo{said}; give it a NOPASSWD sudoers rule "
+            f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
 
 
 def _short(command: str, n: int = 120) -> str:

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from fleetspec.errors import RemoteError
+from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import load_inventory
-from fleetspec.remote.transport import HostKeyError, Transport, TransportPool
+from fleetspec.remote.transport import CommandResult, HostKeyError, Transport, TransportPool
 
 
 def host_for(tmp_path, inventory_writer, sshd, ssh_client_key, **kw):
@@ -209,13 +209,34 @@ def test_jump_host(tmp_path, inventory_writer, sshd_factory, sshd, ssh_client_ke
 
 def test_non_root_commands_go_through_sudo_n(tmp_path, inventory_writer, sshd, ssh_client_key):
     import dataclasses
-    host = dataclasses.replace(host_for(tmp_path, inventory_writer, sshd, ssh_client_key), user="ops")
+    host = dataclasses.replace(host_for(tmp_path, inventory_writer, sshd, ssh_client_key), user="ops", become="sudo")
     t = Transport(host)
     seen = []
-    t._exec = lambda full, shown, *a: seen.append(full)
+    t._exec_inner = lambda full, shown, *a: seen.append(full) or CommandResult(shown, 0, "", "")
     t.run(["systemctl", "show", "a b.service"])
     t.run_script("echo 'x' && true")
-    assert seen == ["sudo -n systemctl show 'a b.service'", "sudo -n sh -c 'echo '\"'\"'x'\"'\"' && true'"]
+    assert seen == ["sudo -n -- true",
+                    "sudo -n -- sh -c 'umask 022; systemctl show '\"'\"'a b.service'\"'\"''",
+                    "sudo -n -- sh -c 'umask 022; echo '\"'\"'x'\"'\"' && true'"]
+
+
+@pytest.mark.parametrize("rc,said,wanted", [
+    (1, "sudo: a password is required\n", "asks for a password"),
+    (1, "Sorry, user ops may not run sudo on ct129.\n", "may not use sudo"),
+    (127, "bash: line 1: sudo: command not found\n", "not installed"),
+])
+def test_sudo_that_cannot_act_as_root_is_one_line_naming_the_fix(tmp_path, inventory_writer, sshd, ssh_client_key,
+                                                                  rc, said, wanted):
+    import dataclasses
+    host = dataclasses.replace(host_for(tmp_path, inventory_writer, sshd, ssh_client_key), user="ops", become="sudo")
+    t = Transport(host)
+    seen = []
+    t._exec_inner = lambda full, shown, *a: seen.append(full) or CommandResult(shown, rc, "", said)
+    with pytest.raises(UserError) as err:
+        t.run(["true"])
+    text = str(err.value)
+    assert wanted in text and "ops@" in text and text.startswith(f"{host.name}: ") and "\n" not in text
+    assert seen == ["sudo -n -- true"]                      # nothing else was sent
 
 
 def test_lock_released_over_a_dead_connection_does_not_raise(tmp_path, inventory_writer, sshd, ssh_client_key):

@@ -1,0 +1,154 @@
+"""Sizing the decode/verify CUDA graph when the new algorithm verifies more tokens per request.
+
+sglang captures the target-verify graph for `max_bs` requests of `num_tokens_per_bs` tokens each
+(0.5.13.post1: model_executor/cuda_graph_runner.py:519-542, speculative/spec_info.py:151-159; 0.5.23:
+model_executor/runner/decode_cuda_graph_runner.py:359 and 424-428), so its buffers hold
+max_bs x tokens. A baseline sized for a 4-token draft (`--cuda-graph-max-bs 128`) would ask a
+65-node DDTree verify for 16x the tokens per graph. The playbook's `launch.cuda_graph` says what to
+do: `rescale` lowers the max batch size so that bs x tokens stays within the baseline's, `refuse`
+stops at preflight, `keep` leaves it (the default; said in the plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from fleetspec.errors import UserError
+from fleetspec.model.launch import Derived, OptionTable
+
+POLICIES = ("keep", "rescale", "refuse")
+# The option per version: 0.5.13.post1 --cuda-graph-max-bs, 0.5.23 --cuda-graph-max-bs-decode.
+GRAPH_BS_DESTS = ("cuda_graph_max_bs", "cuda_graph_max_bs_decode")
+# sglang's max bs when it cannot read the GPU's memory (0.5.13.post1 server_args.py:1530-1531,
+# 0.5.23 arg_groups/memory_hook.py:180); with a GPU it picks 8..512 from memory and TP
+# (server_args.py:1468-1525, memory_hook.py:95-176).
+SGLANG_DEFAULT_BS = 160
+DRAFT_TOKENS = "speculative_num_draft_tokens"
+# How many tokens per request a verify pass takes, from the flag that sets it.
+WIDTH_OF = {"speculative_ddtree_budget": lambda v: int(v) + 1,      # root + budget nodes (ddtree_utils)
+            DRAFT_TOKENS: int}
+
+
+@dataclass(frozen=True)
+class GraphSizing:
+    derived: Derived
+    note: str | None
+
+
+def _item(tokens: Sequence[str], table: OptionTable) -> tuple[str | None, str | None, bool]:
+    """(dest, value, written with `=`) of one whole item, resolved as argparse resolves it."""
+    found = table.resolve(tokens[0]) if tokens and tokens[0].startswith("-") else None
+    if not found or found[2] != "ok":
+        return None, None, False
+    option, explicit, _ = found
+    value = explicit if explicit is not None else (tokens[1] if len(tokens) > 1 else None)
+    return table.options[option][0], value, explicit is not None
+
+
+def _values(tokens_list: Sequence[Sequence[str]], table: OptionTable) -> dict[str, str]:
+    """dest -> value (last wins) of whole items."""
+    out: dict[str, str] = {}
+    for tokens in tokens_list:
+        dest, value, _ = _item(tokens, table)
+        if dest and value is not None:
+            out[dest] = value
+    return out
+
+
+def _pairs(flags: Sequence[str]) -> list[list[str]]:
+    """A playbook's flat flag list cut into items at each option word."""
+    items: list[list[str]] = []
+    for token in flags:
+        if token.startswith("-") or not items:
+            items.append([token])
+        else:
+            items[-1].append(token)
+    return items
+
+
+def baseline_width(dropped: Sequence[Sequence[str]], table: OptionTable, algorithm: str | None) -> int | None:
+    """Tokens per request the baseline verified: its num_draft_tokens; num_steps + 1 with topk 1
+    (what sglang derives then); 1 without speculation (plain decode); None when unknown."""
+    if algorithm is None and not dropped:
+        return 1
+    spec = _values(dropped, table)
+    if DRAFT_TOKENS in spec:
+        return int(spec[DRAFT_TOKENS])
+    if spec.get("speculative_eagle_topk") == "1" and "speculative_num_steps" in spec:
+        return int(spec["speculative_num_steps"]) + 1
+    return None
+
+
+def new_width(flags: Sequence[str], table: OptionTable) -> int | None:
+    """Tokens per request the new launch verifies, from its flags. The patch set's own options
+    (--speculative-ddtree-budget) are not in the installed parser's table: read by their name."""
+    width = None
+    for tokens in _pairs(flags):
+        dest, value, _ = _item(tokens, table)
+        if dest is None and tokens[0].startswith("--"):
+            name, eq, explicit = tokens[0][2:].partition("=")
+            dest, value = name.replace("-", "_"), explicit if eq else (tokens[1] if len(tokens) > 1 else None)
+        if dest in WIDTH_OF and value is not None and value.isdigit():
+            width = WIDTH_OF[dest](value)
+    return width
+
+
+def _graph_option(table: OptionTable) -> str | None:
+    for option, (dest, _nargs) in table.options.items():
+        if dest in GRAPH_BS_DESTS and option.startswith("--"):
+            return option
+    return None
+
+
+def size(derived: Derived, table: OptionTable, policy: str, where: str) -> GraphSizing:
+    """Apply the playbook's cuda_graph policy to a derived launch (see the module docstring)."""
+    option = _graph_option(table)
+    kept = _values(derived.kept, table)
+    if policy == "keep" or option is None or any(_item(t, table)[0] == "disable_cuda_graph" for t in derived.kept):
+        return GraphSizing(derived, None)
+    wide, base = new_width(derived.added, table), baseline_width(derived.dropped, table, derived.algorithm)
+    if wide is None:
+        return GraphSizing(derived, None)
+    if base is None:
+        return GraphSizing(derived, f"{option} left as it is: the baseline's verify width is unknown "
+                                    f"(no --speculative-num-draft-tokens)")
+    dest = table.options[option][0]
+    written = kept.get(dest)
+    bs = int(written) if written is not None else SGLANG_DEFAULT_BS
+    fits = max(1, bs * base // wide)
+    if fits >= bs:
+        return GraphSizing(derived, None)
+    said = (f"{option} {bs}{'' if written is not None else ' (sglang default without GPU facts)'} holds "
+            f"{bs * base} verify tokens at {base} per request; the new launch verifies {wide}")
+    if policy == "refuse":
+        raise UserError(f"{where}: {said}; set {option} {fits} or less in the baseline (playbook "
+                        f"launch.cuda_graph: refuse)")
+    return GraphSizing(_with_bs(derived, option, dest, fits, table), f"{said}: {option} {bs} -> {fits}")
+
+
+def _with_bs(derived: Derived, option: str, dest: str, bs: int, table: OptionTable) -> Derived:
+    """The kept item for `dest` rewritten in place (both spellings), or the flag added when absent."""
+    argv, kept, changed = list(derived.argv), [list(t) for t in derived.kept], list(derived.changed)
+    for tokens in kept:
+        found, _, explicit = _item(tokens, table)
+        if found != dest:
+            continue
+        new = [f"{tokens[0].split('=', 1)[0]}={bs}"] if explicit else [tokens[0], str(bs)]
+        start = _find(argv, tokens)
+        argv[start:start + len(tokens)] = new
+        changed.append([list(tokens), new])
+        tokens[:] = new
+    if len(changed) > len(derived.changed):
+        return replace(derived, argv=argv, kept=kept, changed=changed)
+    added = [*derived.added, option, str(bs)]
+    at = _find(argv, derived.added) + len(derived.added) if derived.added else len(argv)
+    return replace(derived, argv=[*argv[:at], option, str(bs), *argv[at:]], added=added)
+
+
+def _find(argv: list[str], tokens: Sequence[str]) -> int:
+    n = len(tokens)
+    for i in range(len(argv) - n, -1, -1):
+        if argv[i:i + n] == list(tokens):
+            return i
+    raise ValueError(f"{tokens} not in {argv}")
