@@ -7,24 +7,19 @@ any failure after `switch` reverts to the previous good state (`_revert`), which
 
 from __future__ import annotations
 
-import difflib
 import json
-import shlex
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fleetspec.errors import DeployFailed, FleetspecError, NeedsAttention, UserError
+from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote.lock import LockLost, RemoteLock
-
-q = shlex.quote
 
 
 class StepFailed(FleetspecError):
@@ -56,7 +51,7 @@ class DeployOutcome:
     reason: str = ""
     evidence: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)
-    plan: dict | None = None
+    plan: switching.Plan | None = None
     seconds: float = 0.0
     engine_wait_s: float = 0.0
     exit_code: int = 0
@@ -65,7 +60,7 @@ class DeployOutcome:
     kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
+        return {k: (v.to_dict() if isinstance(v, switching.Plan) else v) for k, v in self.__dict__.items()}
 
 
 class Deploy:
@@ -194,11 +189,10 @@ class Deploy:
         return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
 
     def _stage(self) -> dict:
-        self.release = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
-                                       mode=self.req.mode, echo=self.echo)
+        self.release, sent = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
+                                             mode=self.req.mode)
         self._mark(L.STAGED)
-        return {"files": len(self.release.files), "kernels": len(self.release.kernels),
-                "sent_bytes": switching.LAST_SENT.get(self.host.name, 0)}
+        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent}
 
     def _smoke(self) -> dict:
         detail = switching.smoke(self.t, self.pf, self.state, self.release)
@@ -324,7 +318,7 @@ class Deploy:
         self.progress(f"[{self.host.name}] {line}" if line else None)
 
     def _outcome(self, status: str, *, failure: StepFailed | None = None, exit_code: int = 0,
-                 reason: str = "", plan: dict | None = None, command: str | None = None) -> DeployOutcome:
+                 reason: str = "", plan: switching.Plan | None = None, command: str | None = None) -> DeployOutcome:
         out = DeployOutcome(self.host.name, status, None if plan else self.release_id,
                             failure.step if failure else None,
                             reason or (f"{failure.step}: {failure.reason}" if failure else ""),

@@ -19,7 +19,6 @@ from fleetspec.errors import NeedsAttention, RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, recorded_environment
 from fleetspec.model.layout import HostLayout
-from fleetspec.model.playbook import load_playbook_for
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops import probes
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
@@ -86,11 +85,6 @@ class Preflight:
         for kernel in self.kernels:
             out.update(kernel.file_bytes())
         return out
-
-    def overlay_script(self, patch_dir: str, dest: str) -> str:
-        from fleetspec.remote.overlay import overlay_script
-
-        return overlay_script(self.sglang.site_packages, patch_dir, dest, self.patchset)
 
     def smoke_scripts(self, kernels_dir: str):
         """(name, python source, parse(stdout, stderr, rc) -> dict) for each smoke test the

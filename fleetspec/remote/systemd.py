@@ -10,7 +10,7 @@ import shlex
 
 from fleetspec.remote import facts
 from fleetspec.remote.facts import systemd as systemd_fact
-from fleetspec.remote.transport import CommandResult, TransportLike
+from fleetspec.remote.api import CommandResult, TransportLike
 
 q = shlex.quote
 DAEMON_RELOAD = "systemctl daemon-reload"
