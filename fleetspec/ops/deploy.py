@@ -18,6 +18,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
+from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote.lock import LockLost, RemoteLock
 
@@ -174,7 +175,7 @@ class Deploy:
         if self.state.repaired:
             self.echo(self.state.repaired)
         if baseline is None:
-            baseline = preflight_mod.take_baseline(self.t, self.pf)
+            baseline = take_baseline(self.t, self.pf)
             self.state.write_baseline(baseline)
             self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
                       f"(unit sha256 {baseline.unit_sha256[:12]})")
