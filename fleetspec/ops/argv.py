@@ -12,7 +12,6 @@ is at hand (reading an algorithm back in status).
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +20,7 @@ import jinja2
 from fleetspec.errors import UserError
 from fleetspec.model import launch
 from fleetspec.model.playbook import Playbook
+from fleetspec.remote import files
 
 SPEC_PREFIX = "--speculative"
 # Shortest unambiguous prefix of --speculative-algorithm in sglang (--speculative-a is shared
@@ -127,8 +127,7 @@ def option_table(t, python: str, version: str, host: str) -> launch.OptionTable:
     table = launch.load_table(version)
     if table is not None:
         return table
-    r = t.run_script(f"cd / && timeout 300 {shlex.quote(python)} -c {shlex.quote(launch.DUMP_SCRIPT)}",
-                     timeout=330, check=False)
+    r = files.run_python_from_root(t, python, launch.DUMP_SCRIPT, timeout_s=300)
     try:
         table = launch.parse_dump(r.stdout)
     except ValueError as err:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from fleetspec.errors import RemoteError
-from fleetspec.remote.facts import systemd as systemd_fact
+from fleetspec.remote import systemd
 
 
 @dataclass
@@ -54,7 +54,7 @@ def _headers(spec: ProbeSpec) -> dict:
 
 
 def _unit_state(t, service: str):
-    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
+    return systemd.show(t, service)
 
 
 def wait_healthy(t, service: str, spec: ProbeSpec, *, since_restarts: int | None = None,

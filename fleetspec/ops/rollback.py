@@ -15,9 +15,12 @@ from pathlib import Path
 
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.baseline import Baseline, sha256
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import switching
-from fleetspec.ops.hoststate import HostState
+from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
+from fleetspec.remote import files, systemd
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import RemoteLock
 
 
@@ -37,7 +40,7 @@ class RollbackOutcome:
         return dict(self.__dict__)
 
 
-def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
+def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=root / ".fleetspec" / "hosts" / host.name / host.vars.service)
     target = to or BASELINE
@@ -71,7 +74,7 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
         progress(None)
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))
-            journal = switching.journal_tail(t, host.vars.service, 10)
+            journal = systemd.journal_tail(t, host.vars.service, 10)
             raise NeedsAttention(f"{host.name}: rolled back to {target} but it is not healthy: {result.reason}; "
                                  f"journal: {' | '.join(journal[-3:])}",
                                  f"ssh {host.address} journalctl -u {host.vars.service} -n 50")
@@ -92,17 +95,12 @@ def engine_wait_s_note(switch_started: float, result) -> str:
     return f"fleetspec overhead {overhead:.2f}s beyond the engine's {result.waited_s:.2f}s restart and load"
 
 
-def verify_baseline(t, state: HostState, baseline, host: str) -> None:
+def verify_baseline(t: TransportLike, state: HostState, baseline: Baseline, host: str) -> None:
     """Prove byte-exactness after the fact: unit file and admin drop-ins hash as recorded, and
     fleetspec's drop-in is gone."""
-    from fleetspec.model.baseline import sha256
-    from fleetspec.remote import files
-
     wanted = {baseline.unit_path: baseline.unit_sha256, **{p: sha256(b) for p, b in baseline.dropins.items()}}
-    from fleetspec.ops.hoststate import legacy_dropin_paths
-
     ours = [state.dropin, *legacy_dropin_paths(state.service)]
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + ours), timeout=60, check=True).stdout)
+    got = files.sha256_map(t, [*wanted, *ours])
     for path, digest in wanted.items():
         if got.get(path) != digest:
             raise NeedsAttention(f"{host}: {path} does not match the baseline after rollback",

@@ -125,7 +125,8 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             lock_note = f"stale lock: {stale.describe()} is no longer running; the next deploy or rollback ends it"
             state = dataclasses.replace(state, locked=False)
     if state is not None and state.interrupted:
-        row.notes.append(f"{state.interrupted} {host.name}" if state.interrupted.endswith("rollback") else state.interrupted)
+        row.notes.append(f"{state.interrupted}; finish it with: fleetspec rollback {host.name}" if state.needs_rollback
+                         else state.interrupted)
     if lock_note:
         row.notes.append(lock_note)
     if row.drift is None:
