@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Callable
 
@@ -43,10 +44,20 @@ class DeployRequest:
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
 
 
+class Outcome(StrEnum):
+    """How a deploy (or a rollback) ended; the values are what --json and the summary print."""
+    HEALTHY = "healthy"
+    ROLLED_BACK = "rolled_back"
+    PLANNED = "planned"
+    REFUSED = "refused"
+    NEEDS_ATTENTION = "needs_attention"
+    FAILED = "failed"
+
+
 @dataclass
 class DeployOutcome:
     host: str
-    status: str                        # healthy | rolled_back | planned | refused | needs_attention
+    status: Outcome
     release: str | None = None
     failed_step: str | None = None
     reason: str = ""
@@ -89,7 +100,7 @@ class Deploy:
         self.echo = lambda line: echo(self.pf.redact(line))
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
-            return self._outcome("planned", plan=switching.plan(self.t, self.pf, self.state))
+            return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
         with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
@@ -109,44 +120,46 @@ class Deploy:
                     if not self.switched:
                         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
                         if failure.command:
-                            return self._outcome("needs_attention", failure=failure, exit_code=3,
+                            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                                  command=failure.command)
-                        return self._outcome("failed", failure=failure, exit_code=1)
+                        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
-        return self._outcome("healthy")
+        return self._outcome(Outcome.HEALTHY)
 
     # Step machinery -------------------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], dict | None]) -> None:
         if self.req.pause_at == name:
             self._pause(name)
         self.current_step = name
-        self.state.record(L.Entry.step(self.release_id, name, "started"))
+        self.state.record(L.Entry.step(self.release_id, name, L.StepState.STARTED))
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
         try:
             detail = fn() or {}
         except StepFailed as failure:
-            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=failure.reason,
+            self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=failure.reason,
                                            evidence=failure.evidence))
             raise
         except LockLost:
             raise                      # not ours any more: no ledger line, straight to _lost
         except FleetspecError as err:
-            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=str(err)))
+            self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=str(err)))
             raise StepFailed(name, str(err)) from err
         except Exception as err:  # a bug must still end in a revert, never a host left mid-switch
             import traceback
 
             trace = traceback.format_exc(limit=8)
             reason = f"internal error: {type(err).__name__}: {err}"
-            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=reason, traceback=trace))
+            self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=reason,
+                                           traceback=trace))
             raise StepFailed(name, reason, {"traceback": trace}) from err
         finally:
             self.step_seconds[name] = round(time.monotonic() - began, 3)
-        self.state.record(L.Entry.step(self.release_id, name, "ok", seconds=self.step_seconds[name], **detail))
+        self.state.record(L.Entry.step(self.release_id, name, L.StepState.OK, seconds=self.step_seconds[name],
+                                       **detail))
 
     def _pause(self, name: str) -> None:
         """Test hook (FLEETSPEC_PAUSE_AT): announce the step and wait to be killed or continued."""
@@ -271,21 +284,22 @@ class Deploy:
         self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
         try:
-            self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
+            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
+                                           to=self.previous or BASELINE))
             result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
                                          self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
         if not result.ok:
-            self.state.record(L.Entry.step(self.release_id, "revert", "failed", reason=result.reason))
-            return self._outcome("needs_attention", failure=failure, exit_code=3,
+            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.FAILED, reason=result.reason))
+            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                  reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
                                  command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
                                          f"{self.state.layout.release(self.release_id)}/rollback.sh)")
-        self.state.record(L.Entry.step(self.release_id, "revert", "ok"))
+        self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.OK))
         self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
-        return self._outcome("rolled_back", failure=failure, exit_code=1)
+        return self._outcome(Outcome.ROLLED_BACK, failure=failure, exit_code=1)
 
     def _lost(self, err: FleetspecError) -> DeployOutcome:
         """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
@@ -296,21 +310,21 @@ class Deploy:
             self.echo(f"[{self.host.name}] {err}")
             failure = StepFailed(where, str(err))
             if self.switched:
-                return self._outcome("needs_attention", failure=failure, exit_code=3,
+                return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                      reason=f"{where}: {err}; the host may run {self.release_id} unproven",
                                      command=f"fleetspec status {self.host.name}  (then, once the lock is free: "
                                              f"fleetspec rollback {self.host.name})")
-            return self._outcome("failed", failure=failure, exit_code=1,
+            return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
                                  reason=f"{where}: {err}; what the service runs was not changed")
         self.echo(f"[{self.host.name}] lost the host during {where}: {err}")
         failure = StepFailed(where, f"lost the host: {err}")
         if self.switched:
-            return self._outcome("needs_attention", failure=failure, exit_code=3,
+            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                  reason=f"{where}: lost the host after the switch to {self.release_id}; it may run "
                                         f"that release unproven: {err}",
                                  command=f"fleetspec rollback {self.host.name}  (once it answers; or on the host: "
                                          f"sh {self.state.layout.release(self.release_id)}/rollback.sh)")
-        return self._outcome("failed", failure=failure, exit_code=1,
+        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
                              reason=f"{where}: lost the host before the switch; what it runs was not changed: {err}",
                              command=f"fleetspec status {self.host.name}  (once it answers)")
 
@@ -318,7 +332,7 @@ class Deploy:
     def _progress(self, line: str | None) -> None:
         self.progress(f"[{self.host.name}] {line}" if line else None)
 
-    def _outcome(self, status: str, *, failure: StepFailed | None = None, exit_code: int = 0,
+    def _outcome(self, status: Outcome, *, failure: StepFailed | None = None, exit_code: int = 0,
                  reason: str = "", plan: switching.Plan | None = None, command: str | None = None) -> DeployOutcome:
         out = DeployOutcome(self.host.name, status, None if plan else self.release_id,
                             failure.step if failure else None,

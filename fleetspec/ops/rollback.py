@@ -18,6 +18,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, sha256
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import switching
+from fleetspec.ops.deploy import Outcome
 from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
 from fleetspec.remote import files, systemd
 from fleetspec.remote.api import TransportLike
@@ -27,7 +28,7 @@ from fleetspec.remote.lock import RemoteLock
 @dataclass
 class RollbackOutcome:
     host: str
-    status: str                       # rolled_back | needs_attention
+    status: Outcome                   # rolled_back | needs_attention
     target: str
     left: str | None                  # the release the service was on
     finished_interrupted: list[str] = field(default_factory=list)
@@ -65,7 +66,7 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             last = ledger.last_step(rid)
             echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
-        state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
+        state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
         switch_started = time.monotonic()
         switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
         result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
@@ -73,7 +74,7 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
                                      also=switched)
         progress(None)
         if not result.ok:
-            state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))
+            state.record(L.Entry.step(record_under, "rollback", L.StepState.FAILED, reason=result.reason))
             journal = systemd.journal_tail(t, host.vars.service, 10)
             raise NeedsAttention(f"{host.name}: rolled back to {target} but it is not healthy: {result.reason}; "
                                  f"journal: {' | '.join(journal[-3:])}",
@@ -83,9 +84,10 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
         for rid in interrupted:
             state.record(L.Entry.status(rid, L.ROLLED_BACK, to=target, reason="finished by rollback"))
         if left and left != record_under and left not in interrupted and statuses.get(left) == L.HEALTHY:
-            state.record(L.Entry.step(left, "rollback", "ok", to=target))
-        state.record(L.Entry.step(record_under, "rollback", "ok", to=target, waited_s=round(result.waited_s, 2)))
-    return RollbackOutcome(host.name, "rolled_back", target, left, interrupted,
+            state.record(L.Entry.step(left, "rollback", L.StepState.OK, to=target))
+        state.record(L.Entry.step(record_under, "rollback", L.StepState.OK, to=target,
+                                  waited_s=round(result.waited_s, 2)))
+    return RollbackOutcome(host.name, Outcome.ROLLED_BACK, target, left, interrupted,
                            round(time.monotonic() - started, 2), round(result.waited_s, 2),
                            engine_wait_s_note(switch_started, result))
 
