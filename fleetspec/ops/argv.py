@@ -21,6 +21,7 @@ from fleetspec.errors import UserError
 from fleetspec.model import launch
 from fleetspec.model.playbook import Playbook
 from fleetspec.remote import files
+from fleetspec.remote.api import TransportLike
 
 SPEC_PREFIX = "--speculative"
 # Shortest unambiguous prefix of --speculative-algorithm in sglang (--speculative-a is shared
@@ -121,7 +122,7 @@ def classify_or_refuse(command, where: str) -> launch.LaunchForm:
         raise UserError(f"{where}: {err}") from None
 
 
-def option_table(t, python: str, version: str, host: str) -> launch.OptionTable:
+def option_table(t: TransportLike, python: str, version: str, host: str) -> launch.OptionTable:
     """The packaged table of this sglang version's parser; for a version fleetspec has no table of,
     the host's own parser is asked (one python start, ~10 s)."""
     table = launch.load_table(version)

@@ -21,6 +21,7 @@ from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import LockLost, RemoteLock
 
 
@@ -76,7 +77,7 @@ class DeployOutcome:
 
 
 class Deploy:
-    def __init__(self, t, req: DeployRequest, echo: Callable[[str], None] = print,
+    def __init__(self, t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
                  progress: Callable[[str | None], None] = lambda line: None):
         self.t, self.req, self.echo, self.progress = t, req, echo, progress
         self.host = req.host

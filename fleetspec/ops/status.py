@@ -17,6 +17,7 @@ from fleetspec.errors import FleetspecError
 from fleetspec.model.inventory import Host
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import release_state, server_info, sglang, systemd, unit_age, unit_files
 
 DEFAULT_WORKERS = 16
@@ -166,7 +167,7 @@ def _dropin_notes(host: Host, paths: list[str]) -> list[str]:
     return out
 
 
-def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
+def _unit_drift(t: TransportLike, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
     """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
     drop-in left out): what preflight would refuse."""
     from fleetspec.ops.hoststate import HostState, is_ours
