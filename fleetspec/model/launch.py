@@ -17,15 +17,18 @@ argparse's allow_abbrev), an alias (`--speculative-draft`), `--opt=value`.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Sequence
 
 from fleetspec.errors import UserError
+from fleetspec.model.option_table import DUMP_SCRIPT, TABLES, OptionTable, known_versions, load_table, parse_dump
 
-TABLES = Path(__file__).parent / "sglang_options"
+__all__ = ["ALGO_DEST", "DUMP_SCRIPT", "LAUNCH_SERVER", "SERVE", "SPEC_DEST_PREFIX", "TABLES", "Derived", "Item",
+           "LaunchForm", "LaunchRefused", "OptionTable", "algorithm_of", "classify", "derive", "known_versions",
+           "load_table", "parse_dump", "parsed_args", "serve_positional", "speculative_env", "split_items"]
+
 SPEC_DEST_PREFIX = "speculative_"
 ALGO_DEST = "speculative_algorithm"
 LAUNCH_SERVER = "launch_server"
@@ -41,7 +44,6 @@ _WRAPPERS = {"numactl", "taskset", "nice", "ionice", "chrt", "stdbuf", "timeout"
 # python options without an argument, and those that take one (python's own getopt string).
 _PY_FLAGS = set("bBdEhiIOPqsSuvVxR")
 _PY_WITH_ARG = set("WX")
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
 class LaunchRefused(UserError):
@@ -54,119 +56,6 @@ class LaunchRefused(UserError):
 
 PLAIN = ("put the plain command in ExecStart (`<venv>/bin/python -m sglang.launch_server …` or "
          "`<venv>/bin/sglang serve …`, environment in Environment= lines)")
-
-
-# Option tables ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OptionTable:
-    """sglang's server parser for one version: option string -> (dest, nargs code)."""
-
-    version: str
-    options: dict[str, tuple[str, str]]      # nargs code: "0", "1" (None), "?", "*", "+", "N"
-    allow_abbrev: bool = True
-    negative_number_optionals: bool = False
-    required: tuple[str, ...] = ()           # dests argparse insists on (--model-path)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "OptionTable":
-        return cls(version=data["version"], options={k: (v[0], v[1]) for k, v in data["options"].items()},
-                   allow_abbrev=bool(data.get("allow_abbrev", True)),
-                   negative_number_optionals=bool(data.get("negative_number_optionals", False)),
-                   required=tuple(data.get("required", ())))
-
-    def to_dict(self) -> dict:
-        return {"version": self.version, "allow_abbrev": self.allow_abbrev,
-                "negative_number_optionals": self.negative_number_optionals, "required": list(self.required),
-                "options": {k: list(v) for k, v in sorted(self.options.items())}}
-
-    def dests(self) -> set[str]:
-        return {d for d, _ in self.options.values()}
-
-    def resolve(self, token: str) -> tuple[str | None, str | None, str] | None:
-        """argparse's `_parse_optional` (Python 3.11): None when the token is an argument;
-        else (option string or None when unknown, explicit `=value` or None, verdict) with verdict
-        'ok', 'unknown' or 'ambiguous'."""
-        if not token or token[0] != "-" or token == "-":
-            return None
-        if token in self.options:
-            return token, None, "ok"
-        if "=" in token:
-            name, value = token.split("=", 1)
-            if name in self.options:
-                return name, value, "ok"
-        matches = self._prefix_matches(token)
-        if len(matches) > 1:
-            return None, None, "ambiguous"
-        if len(matches) == 1:
-            return matches[0][0], matches[0][1], "ok"
-        if _NEGATIVE_NUMBER.match(token) and not self.negative_number_optionals:
-            return None
-        if " " in token:
-            return None
-        return None, None, "unknown"
-
-    def _prefix_matches(self, token: str) -> list[tuple[str, str | None]]:
-        out = []
-        if token.startswith("--"):
-            if not self.allow_abbrev:
-                return []
-            prefix, explicit = (token.split("=", 1) + [None])[:2] if "=" in token else (token, None)
-            for opt in self.options:
-                if opt.startswith(prefix):
-                    out.append((opt, explicit))
-        else:
-            short, short_explicit = token[:2], token[2:]
-            for opt in self.options:
-                if opt == short:
-                    out.append((opt, short_explicit))
-                elif opt.startswith(token):
-                    out.append((opt, None))
-        return out
-
-
-def load_table(version: str) -> OptionTable | None:
-    """The packaged table of a version's parser, or None (then the caller asks the host's parser)."""
-    path = TABLES / f"{version}.json"
-    if not path.is_file():
-        return None
-    return OptionTable.from_dict(json.loads(path.read_text()))
-
-
-def known_versions() -> list[str]:
-    return sorted(p.stem for p in TABLES.glob("*.json"))
-
-
-# The dump script: run by the version's own python (lab/optiontable.py locally, preflight on a host
-# whose version has no packaged table). It builds the parser exactly as prepare_server_args does.
-DUMP_SCRIPT = r'''
-import argparse, json, sys
-import sglang
-from sglang.srt.server_args import ServerArgs
-p = argparse.ArgumentParser(prog="sglang serve")
-ServerArgs.add_cli_args(p)
-opts, positionals, required = {}, [], []
-for a in p._actions:
-    if not a.option_strings:
-        positionals.append(a.dest)
-    elif a.required:
-        required.append(a.dest)
-    for s in a.option_strings:
-        opts[s] = [a.dest, "1" if a.nargs is None else str(a.nargs)]
-sys.stdout.write("\nFLEETSPEC-OPTIONS " + json.dumps({"version": sglang.__version__, "allow_abbrev": p.allow_abbrev,
-    "negative_number_optionals": bool(p._has_negative_number_optionals), "positionals": positionals,
-    "required": sorted(required),
-    "options": opts}, sort_keys=True) + "\n")
-'''
-
-
-def parse_dump(stdout: str) -> OptionTable:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("FLEETSPEC-OPTIONS "):
-            data = json.loads(line.split(" ", 1)[1])
-            if data.get("positionals"):
-                raise ValueError(f"sglang's parser has positional arguments {data['positionals']}")
-            return OptionTable.from_dict(data)
-    raise ValueError("the option dump printed no FLEETSPEC-OPTIONS line")
 
 
 # Items: ARGS split the way argparse splits them ----------------------------------------------------
@@ -214,40 +103,53 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
         if token == "--":
             raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
                                 "positional argument, which sglang refuses", PLAIN)
-        found = table.resolve(token)
-        if found is None:
-            raise LaunchRefused(f"a command with the stray word {token!r}",
-                                f"sglang {table.version}'s parser takes no positional arguments "
-                                f"(it would exit with 'unrecognized arguments')", "fix the ExecStart first")
-        option, explicit, verdict = found
-        if verdict == "ambiguous":
-            raise LaunchRefused(f"a command with the ambiguous option {token!r}",
-                                f"sglang {table.version}'s parser refuses it (several options start so)",
-                                "spell the option out in full")
-        if verdict == "unknown":
-            raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
-                                f"sglang {table.version}'s parser does not know it (the service could "
-                                f"not start with it on this version)", "fix the ExecStart first")
-        dest, nargs = table.options[option]
-        j = i + 1
-        if explicit is not None:
-            if nargs == "0" and token.startswith("--"):
-                raise LaunchRefused(f"a command with {token!r}", f"{option} takes no value and sglang "
-                                    f"{table.version}'s parser refuses `=…`", "remove the value")
-        else:
-            following = 0
-            while i + 1 + following < len(args) and table.resolve(args[i + 1 + following]) is None \
-                    and args[i + 1 + following] != "--":
-                following += 1
-            want = {"0": 0, "1": 1, "?": min(following, 1), "*": following, "+": following}.get(nargs)
-            if want is None:
-                want = int(nargs)
-            if want > following or (nargs == "+" and following == 0):
-                raise LaunchRefused(f"a command where {token!r} lacks its value",
-                                    f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
-            j = i + 1 + want
-        items.append(Item(tuple(args[i:j]), dest, option, explicit))
-        i = j
+        item = _option_item(args, i, table)
+        items.append(item)
+        i += len(item.tokens)
+    _check_items(items, table)
+    return items
+
+
+def _option_item(args: list[str], i: int, table: OptionTable) -> Item:
+    """The option at args[i] with the values argparse gives it; refuses what argparse refuses."""
+    token = args[i]
+    found = table.resolve(token)
+    if found is None:
+        raise LaunchRefused(f"a command with the stray word {token!r}",
+                            f"sglang {table.version}'s parser takes no positional arguments "
+                            f"(it would exit with 'unrecognized arguments')", "fix the ExecStart first")
+    option, explicit, verdict = found
+    if verdict == "ambiguous":
+        raise LaunchRefused(f"a command with the ambiguous option {token!r}",
+                            f"sglang {table.version}'s parser refuses it (several options start so)",
+                            "spell the option out in full")
+    if verdict == "unknown":
+        raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
+                            f"sglang {table.version}'s parser does not know it (the service could "
+                            f"not start with it on this version)", "fix the ExecStart first")
+    dest, nargs = table.options[option]
+    j = i + 1
+    if explicit is not None:
+        if nargs == "0" and token.startswith("--"):
+            raise LaunchRefused(f"a command with {token!r}", f"{option} takes no value and sglang "
+                                f"{table.version}'s parser refuses `=…`", "remove the value")
+    else:
+        following = 0
+        while i + 1 + following < len(args) and table.resolve(args[i + 1 + following]) is None \
+                and args[i + 1 + following] != "--":
+            following += 1
+        want = {"0": 0, "1": 1, "?": min(following, 1), "*": following, "+": following}.get(nargs)
+        if want is None:
+            want = int(nargs)
+        if want > following or (nargs == "+" and following == 0):
+            raise LaunchRefused(f"a command where {token!r} lacks its value",
+                                f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
+        j = i + 1 + want
+    return Item(tuple(args[i:j]), dest, option, explicit)
+
+
+def _check_items(items: list[Item], table: OptionTable) -> None:
+    """What fleetspec cannot place (`--config`) and what argparse requires (`--model-path`)."""
     for item in items:
         if item.dest == "config":
             raise LaunchRefused("`--config FILE`", "sglang merges the file's settings (its speculative ones "
@@ -258,7 +160,6 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
         if not any(item.dest == dest for item in items):
             raise LaunchRefused(f"a command without the {dest} option", f"sglang {table.version}'s parser "
                                 f"requires it (the service could not start without it)", "fix the ExecStart first")
-    return items
 
 
 # Launch forms ---------------------------------------------------------------------------------------
