@@ -182,7 +182,14 @@ def load_inventory(path: str | Path) -> Inventory:
     for name in raw_hosts:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             hosts_f.fail(str(name), "host names are letters, digits, '.', '_' or '-'")
+    groups = _groups(groups_f, raw_hosts, path)
+    group_vars = _group_vars(group_vars_f, groups)
+    hosts = _hosts(hosts_f, raw_hosts, groups, group_vars, base, base_vars, path)
+    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
 
+
+def _groups(groups_f: Fields, raw_hosts, path: Path) -> dict[str, tuple[str, ...]]:
+    """Each group's members, each a host under hosts (`all` is Ansible's, not a name here)."""
     groups: dict[str, tuple[str, ...]] = {}
     for gname, members in groups_f.data.items():
         key = groups_f.key(str(gname))
@@ -194,7 +201,10 @@ def load_inventory(path: str | Path) -> Inventory:
             if member not in raw_hosts:
                 raise ConfigError(path, f"{key}[{i}]", f"unknown host {member!r} (not under hosts)")
         groups[gname] = tuple(dict.fromkeys(members))
+    return groups
 
+
+def _group_vars(group_vars_f: Fields, groups: dict) -> dict[str, dict]:
     group_vars: dict[str, dict] = {}
     for gname in group_vars_f.data:
         if gname not in groups:
@@ -203,7 +213,12 @@ def load_inventory(path: str | Path) -> Inventory:
         _check_vars(sub)
         group_vars[gname] = dict(sub.data)
     group_vars_f.done()
+    return group_vars
 
+
+def _hosts(hosts_f: Fields, raw_hosts, groups: dict, group_vars: dict, base: dict, base_vars: dict,
+           path: Path) -> dict[str, Host]:
+    """Each host, its vars merged: defaults, then its groups' vars in order, then its own."""
     hosts: dict[str, Host] = {}
     for name in raw_hosts:
         f = hosts_f.sub(name, required=True)
@@ -223,7 +238,7 @@ def load_inventory(path: str | Path) -> Inventory:
             vars=_build_vars(merged, path, f"hosts.{name}.vars"), groups=member_of,
             inventory_path=path.resolve(), **conn,
         )
-    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
+    return hosts
 
 
 def _connection_fields(f: Fields, path: Path, base: dict) -> dict:
