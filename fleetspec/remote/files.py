@@ -144,9 +144,9 @@ def is_file(t: TransportLike, path: str) -> bool:
 
 
 def missing_paths(t: TransportLike, paths: list[str]) -> list[str]:
-    """Those of `paths` that do not exist on the host."""
+    """Those of `paths` that do not exist on the host (one a line: a path may hold a space)."""
     script = "; ".join(f"[ -e {q(p)} ] || echo {q(p)}" for p in paths)
-    return t.run_script(script, timeout=30, check=False).stdout.split()
+    return t.run_script(script, timeout=30, check=False).stdout.splitlines()
 
 
 def file_modes(t: TransportLike, paths: list[str]) -> dict[str, int]:
