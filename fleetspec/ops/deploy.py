@@ -16,6 +16,8 @@ from typing import Callable
 
 from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
+from fleetspec.model.inventory import Host
+from fleetspec.model.playbook import Playbook
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
@@ -34,8 +36,8 @@ class StepFailed(FleetspecError):
 
 @dataclass
 class DeployRequest:
-    host: object                       # model.inventory.Host
-    playbook: object                   # model.playbook.Playbook
+    host: Host
+    playbook: Playbook
     root: Path
     mode: str = "release"
     plan_only: bool = False

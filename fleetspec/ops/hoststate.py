@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from fleetspec.errors import RemoteError
 from fleetspec.model import ledger as ledger_model
@@ -22,6 +23,7 @@ from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.lock import RemoteLock
 
 ABSENT = files.ABSENT
 # systemd applies a unit's drop-ins sorted by file name, the last ExecStart= winning: fleetspec's
@@ -56,8 +58,8 @@ class HostState:
     host: str
     service: str
     mirror: Path | None = None    # local folder for the ledger/baseline copies
-    redact: object = None         # text -> text: secrets out of every ledger line (set by deploy)
-    lock: object = None           # remote.lock.RemoteLock held by this operation: every ledger line
+    redact: Callable[[str], str] | None = None   # secrets out of every ledger line (set by deploy)
+    lock: RemoteLock | None = None  # held by this operation: every ledger line
                                   # (each step starts with one) first checks it is still ours
     root: PurePosixPath = STATE_ROOT   # the host's state root (tests point it at a scratch folder)
 
