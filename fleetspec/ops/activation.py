@@ -95,7 +95,7 @@ def restart(t: TransportLike, service: str) -> int | None:
     """Restart and return NRestarts from before, so probes can see a crash loop. The exit code
     of `systemctl restart` is not trusted (a crashing unit still returns 0)."""
     before = systemd.show(t, service).n_restarts
-    systemd.restart(t, service)
+    systemd.queue_restart(t, service)
     return before
 
 

@@ -25,7 +25,7 @@ def daemon_reload(t: TransportLike) -> None:
     t.run_script(DAEMON_RELOAD, timeout=120, check=True)
 
 
-def restart(t: TransportLike, service: str) -> None:
+def queue_restart(t: TransportLike, service: str) -> None:
     """reset-failed, then a restart that does not wait: readiness is proved by probes, since
     `systemctl restart` returns 0 even for a unit that crashes."""
     t.run_script(f"systemctl reset-failed -- {q(service)} 2>/dev/null; systemctl restart --no-block -- {q(service)}",
