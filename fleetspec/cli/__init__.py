@@ -13,7 +13,8 @@ from fleetspec.errors import FleetspecError
 
 
 class FleetspecGroup(click.Group):
-    """Turns FleetspecError into one line on stderr and its exit code; never a traceback."""
+    """Turns FleetspecError into one line on stderr and its exit code; never a traceback. (The SSH
+    pool is closed by the root context's close, registered where the pool is made: cli/context.py.)"""
 
     def invoke(self, ctx):
         try:
@@ -21,10 +22,6 @@ class FleetspecGroup(click.Group):
         except FleetspecError as err:
             click.echo(f"fleetspec: {err}", err=True)
             sys.exit(err.exit_code)
-        finally:
-            obj = ctx.obj
-            if obj is not None and "pool" in getattr(obj, "__dict__", {}):
-                obj.pool.close_all()
 
 
 @click.group(cls=FleetspecGroup, context_settings={"help_option_names": ["-h", "--help"]})

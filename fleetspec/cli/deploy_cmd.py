@@ -69,7 +69,7 @@ def _print_plan(o) -> None:
     if o.plan is None:
         click.echo(f"{o.host}: {o.status}: {o.reason}")
         return
-    p = o.plan
+    p = o.plan.to_dict()
     click.echo(f"== {p['host']} ({p['service']}, sglang {p['sglang']}): {p['previous']} -> {p['algo']} "
                f"(serves {p['expected_algorithm']})")
     for note in p["notes"]:

@@ -186,18 +186,12 @@ def load_inventory(path: str | Path) -> Inventory:
             hosts_f.fail(str(name), "host names are letters, digits, '.', '_' or '-'")
     groups = _groups(groups_f, raw_hosts, path)
     group_vars = _group_vars(group_vars_f, groups)
-
-    hosts: dict[str, Host] = {}
-    for name in raw_hosts:
-        member_of = tuple(g for g, m in groups.items() if name in m)
-        merged = dict(base_vars)
-        for g in member_of:
-            merged.update(group_vars.get(g, {}))
-        hosts[name] = _host(hosts_f.sub(name, required=True), name, path, base, merged, member_of)
+    hosts = _hosts(hosts_f, raw_hosts, groups, group_vars, base, base_vars, path)
     return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
 
 
-def _groups(groups_f: Fields, raw_hosts: Mapping[str, Any], path: Path) -> dict[str, tuple[str, ...]]:
+def _groups(groups_f: Fields, raw_hosts, path: Path) -> dict[str, tuple[str, ...]]:
+    """Each group's members, each a host under hosts (`all` is Ansible's, not a name here)."""
     groups: dict[str, tuple[str, ...]] = {}
     for gname, members in groups_f.data.items():
         key = groups_f.key(str(gname))
@@ -212,8 +206,8 @@ def _groups(groups_f: Fields, raw_hosts: Mapping[str, Any], path: Path) -> dict[
     return groups
 
 
-def _group_vars(group_vars_f: Fields, groups: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, Any]]:
-    group_vars: dict[str, dict[str, Any]] = {}
+def _group_vars(group_vars_f: Fields, groups: dict) -> dict[str, dict]:
+    group_vars: dict[str, dict] = {}
     for gname in group_vars_f.data:
         if gname not in groups:
             group_vars_f.fail(str(gname), "no such group under groups")
@@ -222,6 +216,31 @@ def _group_vars(group_vars_f: Fields, groups: Mapping[str, tuple[str, ...]]) -> 
         group_vars[gname] = dict(sub.data)
     group_vars_f.done()
     return group_vars
+
+
+def _hosts(hosts_f: Fields, raw_hosts, groups: dict, group_vars: dict, base: dict, base_vars: dict,
+           path: Path) -> dict[str, Host]:
+    """Each host, its vars merged: defaults, then its groups' vars in order, then its own."""
+    hosts: dict[str, Host] = {}
+    for name in raw_hosts:
+        f = hosts_f.sub(name, required=True)
+        member_of = tuple(g for g, m in groups.items() if name in m)
+        merged = dict(base_vars)
+        for g in member_of:
+            merged.update(group_vars.get(g, {}))
+        own = f.sub("vars")
+        _check_vars(own)
+        merged.update(own.data)
+        conn = _connection_fields(f, path, base)
+        address = f.get("address", str, required=True)
+        jump_text = f.get("jump", str, None)
+        f.done()
+        hosts[name] = Host(
+            name=name, address=address, jump=_parse_jump(jump_text, path, f.key("jump")),
+            vars=_build_vars(merged, path, f"hosts.{name}.vars"), groups=member_of,
+            inventory_path=path.resolve(), **conn,
+        )
+    return hosts
 
 
 def _host(f: Fields, name: str, path: Path, base: dict[str, Any], merged: dict[str, Any],

@@ -17,15 +17,18 @@ argparse's allow_abbrev), an alias (`--speculative-draft`), `--opt=value`.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from pathlib import PurePosixPath
+from typing import Sequence
 
 from fleetspec.errors import UserError
+from fleetspec.model.option_table import DUMP_SCRIPT, TABLES, OptionTable, known_versions, load_table, parse_dump
 
-TABLES = Path(__file__).parent / "sglang_options"
+__all__ = ["ALGO_DEST", "DUMP_SCRIPT", "LAUNCH_SERVER", "SERVE", "SPEC_DEST_PREFIX", "TABLES", "Derived", "Item",
+           "LaunchForm", "LaunchRefused", "OptionTable", "algorithm_of", "classify", "derive", "known_versions",
+           "load_table", "parse_dump", "parsed_args", "serve_positional", "speculative_env", "split_items"]
+
 SPEC_DEST_PREFIX = "speculative_"
 ALGO_DEST = "speculative_algorithm"
 LAUNCH_SERVER = "launch_server"
@@ -41,7 +44,6 @@ _WRAPPERS = {"numactl", "taskset", "nice", "ionice", "chrt", "stdbuf", "timeout"
 # python options without an argument, and those that take one (python's own getopt string).
 _PY_FLAGS = set("bBdEhiIOPqsSuvVxR")
 _PY_WITH_ARG = set("WX")
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
 class LaunchRefused(UserError):
@@ -54,120 +56,6 @@ class LaunchRefused(UserError):
 
 PLAIN = ("put the plain command in ExecStart (`<venv>/bin/python -m sglang.launch_server …` or "
          "`<venv>/bin/sglang serve …`, environment in Environment= lines)")
-
-
-# Option tables ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OptionTable:
-    """sglang's server parser for one version: option string -> (dest, nargs code)."""
-
-    version: str
-    options: dict[str, tuple[str, str]]      # nargs code: "0", "1" (None), "?", "*", "+", "N"
-    allow_abbrev: bool = True
-    negative_number_optionals: bool = False
-    required: tuple[str, ...] = ()           # dests argparse insists on (--model-path)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OptionTable":
-        return cls(version=data["version"], options={k: (v[0], v[1]) for k, v in data["options"].items()},
-                   allow_abbrev=bool(data.get("allow_abbrev", True)),
-                   negative_number_optionals=bool(data.get("negative_number_optionals", False)),
-                   required=tuple(data.get("required", ())))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "allow_abbrev": self.allow_abbrev,
-                "negative_number_optionals": self.negative_number_optionals, "required": list(self.required),
-                "options": {k: list(v) for k, v in sorted(self.options.items())}}
-
-    def dests(self) -> set[str]:
-        return {d for d, _ in self.options.values()}
-
-    def resolve(self, token: str) -> tuple[str | None, str | None, str] | None:
-        """argparse's `_parse_optional` (Python 3.11): None when the token is an argument;
-        else (option string or None when unknown, explicit `=value` or None, verdict) with verdict
-        'ok', 'unknown' or 'ambiguous'."""
-        if not token or token[0] != "-" or token == "-":
-            return None
-        if token in self.options:
-            return token, None, "ok"
-        if "=" in token:
-            name, value = token.split("=", 1)
-            if name in self.options:
-                return name, value, "ok"
-        matches = self._prefix_matches(token)
-        if len(matches) > 1:
-            return None, None, "ambiguous"
-        if len(matches) == 1:
-            return matches[0][0], matches[0][1], "ok"
-        if _NEGATIVE_NUMBER.match(token) and not self.negative_number_optionals:
-            return None
-        if " " in token:
-            return None
-        return None, None, "unknown"
-
-    def _prefix_matches(self, token: str) -> list[tuple[str, str | None]]:
-        out = []
-        if token.startswith("--"):
-            if not self.allow_abbrev:
-                return []
-            prefix, eq, value = token.partition("=")
-            explicit = value if eq else None
-            for opt in self.options:
-                if opt.startswith(prefix):
-                    out.append((opt, explicit))
-        else:
-            short, short_explicit = token[:2], token[2:]
-            for opt in self.options:
-                if opt == short:
-                    out.append((opt, short_explicit))
-                elif opt.startswith(token):
-                    out.append((opt, None))
-        return out
-
-
-def load_table(version: str) -> OptionTable | None:
-    """The packaged table of a version's parser, or None (then the caller asks the host's parser)."""
-    path = TABLES / f"{version}.json"
-    if not path.is_file():
-        return None
-    return OptionTable.from_dict(json.loads(path.read_text()))
-
-
-def known_versions() -> list[str]:
-    return sorted(p.stem for p in TABLES.glob("*.json"))
-
-
-# The dump script: run by the version's own python (lab/optiontable.py locally, preflight on a host
-# whose version has no packaged table). It builds the parser exactly as prepare_server_args does.
-DUMP_SCRIPT = r'''
-import argparse, json, sys
-import sglang
-from sglang.srt.server_args import ServerArgs
-p = argparse.ArgumentParser(prog="sglang serve")
-ServerArgs.add_cli_args(p)
-opts, positionals, required = {}, [], []
-for a in p._actions:
-    if not a.option_strings:
-        positionals.append(a.dest)
-    elif a.required:
-        required.append(a.dest)
-    for s in a.option_strings:
-        opts[s] = [a.dest, "1" if a.nargs is None else str(a.nargs)]
-sys.stdout.write("\nFLEETSPEC-OPTIONS " + json.dumps({"version": sglang.__version__, "allow_abbrev": p.allow_abbrev,
-    "negative_number_optionals": bool(p._has_negative_number_optionals), "positionals": positionals,
-    "required": sorted(required),
-    "options": opts}, sort_keys=True) + "\n")
-'''
-
-
-def parse_dump(stdout: str) -> OptionTable:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("FLEETSPEC-OPTIONS "):
-            data = json.loads(line.split(" ", 1)[1])
-            if data.get("positionals"):
-                raise ValueError(f"sglang's parser has positional arguments {data['positionals']}")
-            return OptionTable.from_dict(data)
-    raise ValueError("the option dump printed no FLEETSPEC-OPTIONS line")
 
 
 # Items: ARGS split the way argparse splits them ----------------------------------------------------
@@ -204,31 +92,27 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
     while i < len(args):
         token = args[i]
         if form == SERVE and (token == "--model-type" or token.startswith("--model-type=")):
-            item, i = _model_type_item(args, i)
-        else:
-            item, i = _option_item(args, i, table)
+            value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
+            if value not in ("auto", "llm"):
+                raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
+                                    "only the LLM server runs speculative decoding", PLAIN)
+            n = 1 if "=" in token else 2
+            items.append(Item(tuple(args[i:i + n]), None, "--model-type"))
+            i += n
+            continue
+        if token == "--":
+            raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
+                                "positional argument, which sglang refuses", PLAIN)
+        item = _option_item(args, i, table)
         items.append(item)
-    _refuse_config_or_missing(items, table)
+        i += len(item.tokens)
+    _check_items(items, table)
     return items
 
 
-def _model_type_item(args: list[str], i: int) -> tuple[Item, int]:
-    """`sglang serve --model-type auto|llm` (the only types that run speculative decoding)."""
+def _option_item(args: list[str], i: int, table: OptionTable) -> Item:
+    """The option at args[i] with the values argparse gives it; refuses what argparse refuses."""
     token = args[i]
-    value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
-    if value not in ("auto", "llm"):
-        raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
-                            "only the LLM server runs speculative decoding", PLAIN)
-    n = 1 if "=" in token else 2
-    return Item(tuple(args[i:i + n]), None, "--model-type"), i + n
-
-
-def _option_item(args: list[str], i: int, table: OptionTable) -> tuple[Item, int]:
-    """The option at args[i] with the values argparse gives it, and the index after them."""
-    token = args[i]
-    if token == "--":
-        raise LaunchRefused("a command with a bare `--`", "argparse takes every word after it as a "
-                            "positional argument, which sglang refuses", PLAIN)
     found = table.resolve(token)
     if found is None:
         raise LaunchRefused(f"a command with the stray word {token!r}",
@@ -243,7 +127,6 @@ def _option_item(args: list[str], i: int, table: OptionTable) -> tuple[Item, int
         raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
                             f"sglang {table.version}'s parser does not know it (the service could "
                             f"not start with it on this version)", "fix the ExecStart first")
-    assert option is not None  # the verdict is "ok"
     dest, nargs = table.options[option]
     j = i + 1
     if explicit is not None:
@@ -262,11 +145,11 @@ def _option_item(args: list[str], i: int, table: OptionTable) -> tuple[Item, int
             raise LaunchRefused(f"a command where {token!r} lacks its value",
                                 f"sglang {table.version}'s parser refuses it", "fix the ExecStart first")
         j = i + 1 + want
-    return Item(tuple(args[i:j]), dest, option, explicit), j
+    return Item(tuple(args[i:j]), dest, option, explicit)
 
 
-def _refuse_config_or_missing(items: list[Item], table: OptionTable) -> None:
-    """`--config FILE` (settings fleetspec cannot see) and the options sglang requires."""
+def _check_items(items: list[Item], table: OptionTable) -> None:
+    """What fleetspec cannot place (`--config`) and what argparse requires (`--model-path`)."""
     for item in items:
         if item.dest == "config":
             raise LaunchRefused("`--config FILE`", "sglang merges the file's settings (its speculative ones "

@@ -9,14 +9,37 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Iterable
 
 from fleetspec.model.names import is_name
 
-# Release statuses, in the order a healthy deploy goes through them.
-STARTED = "started"
-STAGED, SWITCHED, HEALTHY = "staged", "switched", "healthy"
-FAILED, ROLLED_BACK, SUPERSEDED, PRUNED = "failed", "rolled_back", "superseded", "pruned"
+
+
+class ReleaseStatus(StrEnum):
+    """A release's status (`"kind": "status"` lines), in the order a healthy deploy goes through
+    them. The values are the ledger's words on disk; a member compares equal to its word."""
+    STARTED = "started"
+    STAGED = "staged"
+    SWITCHED = "switched"
+    HEALTHY = "healthy"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    SUPERSEDED = "superseded"
+    PRUNED = "pruned"
+
+
+class StepState(StrEnum):
+    """A step's state (`"kind": "step"` lines)."""
+    STARTED = "started"
+    OK = "ok"
+    FAILED = "failed"
+
+
+STARTED, STAGED, SWITCHED, HEALTHY = (ReleaseStatus.STARTED, ReleaseStatus.STAGED, ReleaseStatus.SWITCHED,
+                                      ReleaseStatus.HEALTHY)
+FAILED, ROLLED_BACK, SUPERSEDED, PRUNED = (ReleaseStatus.FAILED, ReleaseStatus.ROLLED_BACK,
+                                           ReleaseStatus.SUPERSEDED, ReleaseStatus.PRUNED)
 TERMINAL = {HEALTHY, FAILED, ROLLED_BACK, SUPERSEDED, PRUNED}
 
 

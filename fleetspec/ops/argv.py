@@ -12,7 +12,6 @@ is at hand (reading an algorithm back in status).
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +20,8 @@ import jinja2
 from fleetspec.errors import UserError
 from fleetspec.model import graphsize, launch
 from fleetspec.model.playbook import Playbook
+from fleetspec.remote import files
+from fleetspec.remote.api import TransportLike
 
 SPEC_PREFIX = "--speculative"
 # Shortest unambiguous prefix of --speculative-algorithm in sglang (--speculative-a is shared
@@ -122,14 +123,13 @@ def classify_or_refuse(command, where: str) -> launch.LaunchForm:
         raise UserError(f"{where}: {err}") from None
 
 
-def option_table(t, python: str, version: str, host: str) -> launch.OptionTable:
+def option_table(t: TransportLike, python: str, version: str, host: str) -> launch.OptionTable:
     """The packaged table of this sglang version's parser; for a version fleetspec has no table of,
     the host's own parser is asked (one python start, ~10 s)."""
     table = launch.load_table(version)
     if table is not None:
         return table
-    r = t.run_script(f"cd / && timeout 300 {shlex.quote(python)} -c {shlex.quote(launch.DUMP_SCRIPT)}",
-                     timeout=330, check=False)
+    r = files.run_python_from_root(t, python, launch.DUMP_SCRIPT, timeout_s=300)
     try:
         table = launch.parse_dump(r.stdout)
     except ValueError as err:

@@ -1,42 +1,54 @@
 """`fleetspec baseline HOST --retake`: the one way a baseline is replaced, on purpose.
 
-A deploy never overwrites the baseline; when the operator changed the service by hand,
+The baseline is the service as fleetspec first found it (`take_baseline`, recorded by a deploy's
+baseline step). A deploy never overwrites it; when the operator changed the service by hand,
 preflight refuses and names this command. Retaking is refused while a fleetspec release is active,
 since the live ExecStart would then be fleetspec's, not the operator's.
 """
 
 from __future__ import annotations
 
-from fleetspec.errors import FleetspecError, UserError
+import json
+import time
+from typing import TYPE_CHECKING
+
+from fleetspec.errors import FleetspecError, RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
-from fleetspec.ops import preflight
+from fleetspec.model.baseline import Baseline, recorded_environment
+from fleetspec.model.ledger import actor
+from fleetspec.ops import argv as argv_ops
 from fleetspec.ops.hoststate import HostState
+from fleetspec.ops.preflight_checks import effective_argv, gather_unit, read_unit_files
+from fleetspec.ops.redaction import secret_refs
+from fleetspec.remote import facts
+from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.lock import RemoteLock
 
+if TYPE_CHECKING:
+    from fleetspec.ops.preflight import Preflight
 
-def retake(t, host, root) -> str:
+
+def retake(t: TransportLike, host, root) -> str:
     state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     with RemoteLock(t, str(state.layout.lock), release="baseline-retake"):
         current = state.current()
         if current:
             raise UserError(f"{host.name}: release {current} is active; run fleetspec rollback {host.name} first")
-        unit = preflight.gather_unit(t, host.vars.service)
-        unit_bytes, dropins, texts = preflight.read_unit_files(t, unit)
-        view = _View(host, unit, unit_bytes, dropins, preflight.effective_argv(unit_bytes, texts))
-        from fleetspec.remote import facts
-        from fleetspec.remote.facts import sglang as sglang_fact
-
+        unit = gather_unit(t, host.vars.service)
+        unit_bytes, dropins, texts = read_unit_files(t, unit)
+        view = _View(host, unit, unit_bytes, dropins, effective_argv(unit_bytes, texts))
         view.sglang = facts.gather(t, sglang_fact, python=host.vars.python)
         try:
             old = state.read_baseline()
         except FleetspecError:        # a corrupt one with no verified copy: retaking is the way out
             old = None
-        new = preflight.take_baseline(t, view)
+        new = take_baseline(t, view)
         state.write_baseline(new, replace=True)
         state.record(L.Entry.step("baseline", "retake", "ok", old_unit_sha256=old.unit_sha256 if old else None,
                                   new_unit_sha256=new.unit_sha256))
-    changed = old.differences(new.unit_bytes, new.dropins, *preflight.secret_refs(host)) if old else []
+    changed = old.differences(new.unit_bytes, new.dropins, *secret_refs(host)) if old else []
     return (f"{host.name}: baseline retaken ({new.declared_algorithm or 'no speculative algorithm'}, unit sha256 "
             f"{new.unit_sha256[:12]})" + (f"; since the old one: {'; '.join(changed)}" if changed else ""))
 
@@ -48,3 +60,25 @@ class _View:
         self.host, self.unit, self.unit_bytes, self.dropins, self.exec_argv = host, unit, unit_bytes, dropins, exec_argv
         self.service, self.python = host.vars.service, host.vars.python
         self.sglang = None
+
+
+def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
+    """Record the service as found: unit bytes, drop-ins, ExecStart, Environment, sglang, served algo."""
+    served = None
+    try:
+        r = t.http("GET", pf.host.vars.api_port, "/server_info", timeout=10)
+        if r.status == 200:
+            served = json.loads(r.body).get("speculative_algorithm")
+    except (RemoteError, ValueError):
+        pass
+    return Baseline(
+        service=pf.service, unit_path=pf.unit.fragment_path, unit_bytes=pf.unit_bytes, dropins=pf.dropins,
+        exec_argv=pf.exec_argv,
+        environment=recorded_environment(pf.unit_bytes, pf.dropins, *secret_refs(pf.host, getattr(pf, "playbook", None))),
+        sglang={"version": pf.sglang.version, "site_packages": pf.sglang.site_packages,
+                "python": pf.python, "drift": list(pf.sglang.drift)},
+        served_algorithm=served,
+        declared_algorithm=(pf.launch.derived.algorithm if getattr(pf, "launch", None)
+                            else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
+        taken_at=time.time(), taken_by=actor(),
+    )

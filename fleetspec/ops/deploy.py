@@ -7,25 +7,25 @@ any failure after `switch` reverts to the previous good state (`_revert`), which
 
 from __future__ import annotations
 
-import difflib
 import json
-import shlex
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Callable
 
-from fleetspec.errors import DeployFailed, FleetspecError, NeedsAttention, UserError
+from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
+from fleetspec.model.inventory import Host
+from fleetspec.model.playbook import Playbook
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
+from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import LockLost, RemoteLock
-
-q = shlex.quote
 
 
 class StepFailed(FleetspecError):
@@ -37,8 +37,8 @@ class StepFailed(FleetspecError):
 
 @dataclass
 class DeployRequest:
-    host: object                       # model.inventory.Host
-    playbook: object                   # model.playbook.Playbook
+    host: Host
+    playbook: Playbook
     root: Path
     mode: str = "release"
     plan_only: bool = False
@@ -48,16 +48,26 @@ class DeployRequest:
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
 
 
+class Outcome(StrEnum):
+    """How a deploy (or a rollback) ended; the values are what --json and the summary print."""
+    HEALTHY = "healthy"
+    ROLLED_BACK = "rolled_back"
+    PLANNED = "planned"
+    REFUSED = "refused"
+    NEEDS_ATTENTION = "needs_attention"
+    FAILED = "failed"
+
+
 @dataclass
 class DeployOutcome:
     host: str
-    status: str                        # healthy | rolled_back | planned | refused | needs_attention
+    status: Outcome
     release: str | None = None
     failed_step: str | None = None
     reason: str = ""
     evidence: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)
-    plan: dict | None = None
+    plan: switching.Plan | None = None
     seconds: float = 0.0
     engine_wait_s: float = 0.0
     exit_code: int = 0
@@ -66,11 +76,11 @@ class DeployOutcome:
     kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
+        return {k: (v.to_dict() if isinstance(v, switching.Plan) else v) for k, v in self.__dict__.items()}
 
 
 class Deploy:
-    def __init__(self, t, req: DeployRequest, echo: Callable[[str], None] = print,
+    def __init__(self, t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
                  progress: Callable[[str | None], None] = lambda line: None):
         self.t, self.req, self.echo, self.progress = t, req, echo, progress
         self.host = req.host
@@ -93,7 +103,7 @@ class Deploy:
         self.echo = lambda line: echo(self.pf.redact(line))
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
-            return self._outcome("planned", plan=switching.plan(self.t, self.pf, self.state))
+            return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
         with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
@@ -113,44 +123,46 @@ class Deploy:
                     if not self.switched:
                         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
                         if failure.command:
-                            return self._outcome("needs_attention", failure=failure, exit_code=3,
+                            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                                  command=failure.command)
-                        return self._outcome("failed", failure=failure, exit_code=1)
+                        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
-        return self._outcome("healthy")
+        return self._outcome(Outcome.HEALTHY)
 
     # Step machinery -------------------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], dict | None]) -> None:
         if self.req.pause_at == name:
             self._pause(name)
         self.current_step = name
-        self.state.record(L.Entry.step(self.release_id, name, "started"))
+        self.state.record(L.Entry.step(self.release_id, name, L.StepState.STARTED))
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
         try:
             detail = fn() or {}
         except StepFailed as failure:
-            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=failure.reason,
+            self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=failure.reason,
                                            evidence=failure.evidence))
             raise
         except LockLost:
             raise                      # not ours any more: no ledger line, straight to _lost
         except FleetspecError as err:
-            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=str(err)))
+            self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=str(err)))
             raise StepFailed(name, str(err)) from err
         except Exception as err:  # a bug must still end in a revert, never a host left mid-switch
             import traceback
 
             trace = traceback.format_exc(limit=8)
             reason = f"internal error: {type(err).__name__}: {err}"
-            self.state.record(L.Entry.step(self.release_id, name, "failed", reason=reason, traceback=trace))
+            self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=reason,
+                                           traceback=trace))
             raise StepFailed(name, reason, {"traceback": trace}) from err
         finally:
             self.step_seconds[name] = round(time.monotonic() - began, 3)
-        self.state.record(L.Entry.step(self.release_id, name, "ok", seconds=self.step_seconds[name], **detail))
+        self.state.record(L.Entry.step(self.release_id, name, L.StepState.OK, seconds=self.step_seconds[name],
+                                       **detail))
 
     def _pause(self, name: str) -> None:
         """Test hook (FLEETSPEC_PAUSE_AT): announce the step and wait to be killed or continued."""
@@ -179,7 +191,7 @@ class Deploy:
         if self.state.repaired:
             self.echo(self.state.repaired)
         if baseline is None:
-            baseline = preflight_mod.take_baseline(self.t, self.pf)
+            baseline = take_baseline(self.t, self.pf)
             self.state.write_baseline(baseline)
             self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
                       f"(unit sha256 {baseline.unit_sha256[:12]})")
@@ -194,11 +206,10 @@ class Deploy:
         return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
 
     def _stage(self) -> dict:
-        self.release = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
-                                       mode=self.req.mode, echo=self.echo)
+        self.release, sent = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
+                                             mode=self.req.mode)
         self._mark(L.STAGED)
-        return {"files": len(self.release.files), "kernels": len(self.release.kernels),
-                "sent_bytes": switching.LAST_SENT.get(self.host.name, 0)}
+        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent}
 
     def _smoke(self) -> dict:
         detail = switching.smoke(self.t, self.pf, self.state, self.release)
@@ -276,21 +287,22 @@ class Deploy:
         self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
         try:
-            self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
+            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
+                                           to=self.previous or BASELINE))
             result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
                                          self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
         if not result.ok:
-            self.state.record(L.Entry.step(self.release_id, "revert", "failed", reason=result.reason))
-            return self._outcome("needs_attention", failure=failure, exit_code=3,
+            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.FAILED, reason=result.reason))
+            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                  reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
                                  command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
                                          f"{self.state.layout.release(self.release_id)}/rollback.sh)")
-        self.state.record(L.Entry.step(self.release_id, "revert", "ok"))
+        self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.OK))
         self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
-        return self._outcome("rolled_back", failure=failure, exit_code=1)
+        return self._outcome(Outcome.ROLLED_BACK, failure=failure, exit_code=1)
 
     def _lost(self, err: FleetspecError) -> DeployOutcome:
         """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
@@ -301,21 +313,21 @@ class Deploy:
             self.echo(f"[{self.host.name}] {err}")
             failure = StepFailed(where, str(err))
             if self.switched:
-                return self._outcome("needs_attention", failure=failure, exit_code=3,
+                return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                      reason=f"{where}: {err}; the host may run {self.release_id} unproven",
                                      command=f"fleetspec status {self.host.name}  (then, once the lock is free: "
                                              f"fleetspec rollback {self.host.name})")
-            return self._outcome("failed", failure=failure, exit_code=1,
+            return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
                                  reason=f"{where}: {err}; what the service runs was not changed")
         self.echo(f"[{self.host.name}] lost the host during {where}: {err}")
         failure = StepFailed(where, f"lost the host: {err}")
         if self.switched:
-            return self._outcome("needs_attention", failure=failure, exit_code=3,
+            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                  reason=f"{where}: lost the host after the switch to {self.release_id}; it may run "
                                         f"that release unproven: {err}",
                                  command=f"fleetspec rollback {self.host.name}  (once it answers; or on the host: "
                                          f"sh {self.state.layout.release(self.release_id)}/rollback.sh)")
-        return self._outcome("failed", failure=failure, exit_code=1,
+        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
                              reason=f"{where}: lost the host before the switch; what it runs was not changed: {err}",
                              command=f"fleetspec status {self.host.name}  (once it answers)")
 
@@ -323,8 +335,8 @@ class Deploy:
     def _progress(self, line: str | None) -> None:
         self.progress(f"[{self.host.name}] {line}" if line else None)
 
-    def _outcome(self, status: str, *, failure: StepFailed | None = None, exit_code: int = 0,
-                 reason: str = "", plan: dict | None = None, command: str | None = None) -> DeployOutcome:
+    def _outcome(self, status: Outcome, *, failure: StepFailed | None = None, exit_code: int = 0,
+                 reason: str = "", plan: switching.Plan | None = None, command: str | None = None) -> DeployOutcome:
         out = DeployOutcome(self.host.name, status, None if plan else self.release_id,
                             failure.step if failure else None,
                             reason or (f"{failure.step}: {failure.reason}" if failure else ""),

@@ -15,6 +15,7 @@ from fleetspec.errors import RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.ops.hoststate import HostState
+from fleetspec.remote.api import TransportLike
 
 
 @dataclass
@@ -24,7 +25,7 @@ class LedgerRead:
     warning: str | None = None
 
 
-def read_ledger(t, host, root: Path | None = None) -> LedgerRead:
+def read_ledger(t: TransportLike, host, root: Path | None = None) -> LedgerRead:
     """The host's ledger; when the host cannot be reached, the local mirror (said so)."""
     try:
         return LedgerRead(HostState(t, host.name, host.vars.service).ledger(), "host")
@@ -36,7 +37,7 @@ def read_ledger(t, host, root: Path | None = None) -> LedgerRead:
                           f"{host.name} did not answer ({err}); showing the local mirror {local}")
 
 
-def read_history(t, host):
+def read_history(t: TransportLike, host):
     parsed = HostState(t, host.name, host.vars.service).ledger()
     return parsed.entries, parsed.skipped
 

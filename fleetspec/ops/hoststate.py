@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from fleetspec.errors import RemoteError
 from fleetspec.model import ledger as ledger_model
@@ -21,9 +21,10 @@ from fleetspec.model.layout import STATE_ROOT, HostLayout
 from fleetspec.model.names import is_name
 from fleetspec.model.release import Release
 from fleetspec.remote import files
+from fleetspec.remote.api import TransportLike
+from fleetspec.remote.lock import RemoteLock
 
-q = shlex.quote
-ABSENT = "__FLEETSPEC_ABSENT__"
+ABSENT = files.ABSENT
 # systemd applies a unit's drop-ins sorted by file name, the last ExecStart= winning: fleetspec's
 # sorts after every usual admin name (NN-*.conf, override.conf from `systemctl edit`). Releases made
 # before the rename used 50-fleetspec.conf; switching and rollback remove that name, status reads both.
@@ -52,12 +53,12 @@ def sorts_after_ours(path: str) -> bool:
 
 @dataclass
 class HostState:
-    t: object                     # remote.transport.Transport
+    t: TransportLike
     host: str
     service: str
     mirror: Path | None = None    # local folder for the ledger/baseline copies
-    redact: object = None         # text -> text: secrets out of every ledger line (set by deploy)
-    lock: object = None           # remote.lock.RemoteLock held by this operation: every ledger line
+    redact: Callable[[str], str] | None = None   # secrets out of every ledger line (set by deploy)
+    lock: RemoteLock | None = None  # held by this operation: every ledger line
                                   # (each step starts with one) first checks it is still ours
     root: PurePosixPath = STATE_ROOT   # the host's state root (tests point it at a scratch folder)
 
@@ -71,23 +72,18 @@ class HostState:
         line = entry.to_line()
         if self.redact is not None:
             line = self.redact(line)
-        guard = self.lock.guard() + "; " if self.lock is not None else ""
-        base = str(self.layout.base)
-        r = self.t.run_script(guard + f"umask 077 && mkdir -p -- {q(base)} && chmod 0700 -- {q(base)} && "
-                              + files.append_line(str(self.layout.ledger), line), timeout=30, check=not guard)
+        guard = self.lock.guard() if self.lock is not None else ""
+        r = files.append_private_line(self.t, str(self.layout.base), str(self.layout.ledger), line, guard)
         if guard:
             self.lock.check(r)                 # LockLost: nothing written, the caller stops
             if r.rc != 0:
                 detail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"exit {r.rc}"]
-                from fleetspec.errors import RemoteError
-
                 raise RemoteError(f"{self.host}: appending to {self.layout.ledger} exited {r.rc}: {detail[0][:300]}")
         if self.mirror:
             append_private(self.mirror / "ledger.jsonl", line + "\n")
 
     def ledger(self) -> ledger_model.ParsedLedger:
-        text = self.t.run_script(files.read_optional(str(self.layout.ledger), ""), timeout=30, check=True).stdout
-        return ledger_model.parse(text)
+        return ledger_model.parse(files.read_text(self.t, str(self.layout.ledger)) or "")
 
     # baseline ---------------------------------------------------------------------------
     def read_baseline(self, repair: bool = True) -> Baseline | None:
@@ -95,8 +91,7 @@ class HostState:
         from the fleet root's mirror when that one verifies (`repair`, under the lock; else the
         mirror's copy is only read); otherwise it is refused, never guessed."""
         path = str(self.layout.baseline / "baseline.json")
-        text = self.t.run_script(files.read_optional(path, ABSENT), timeout=30, check=True).stdout
-        return self.baseline_from_text(None if text == ABSENT else text, repair=repair)
+        return self.baseline_from_text(files.read_text(self.t, path), repair=repair)
 
     def baseline_from_text(self, text: str | None, repair: bool = False) -> Baseline | None:
         """read_baseline's verdict on baseline.json's text already read (status reads it with its
@@ -129,16 +124,7 @@ class HostState:
 
     def file_modes(self, paths: list[str]) -> dict[str, int]:
         """Permission bits of the files that exist among `paths`."""
-        if not paths:
-            return {}
-        out = self.t.run_script("stat -c '%a %n' -- " + " ".join(q(p) for p in paths) + " 2>/dev/null; true",
-                                timeout=30, check=True).stdout
-        modes = {}
-        for line in out.splitlines():
-            bits, _, path = line.partition(" ")
-            if path in paths and bits.isdigit():
-                modes[path] = int(bits, 8)
-        return modes
+        return files.file_modes(self.t, paths)
 
     def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> Baseline:
         """Build baseline.tmp/, then rename it into place: a baseline is whole or absent. The
@@ -149,22 +135,12 @@ class HostState:
             baseline = dataclasses.replace(baseline, modes=self.file_modes([baseline.unit_path, *baseline.dropins]))
         base = str(self.layout.baseline)
         tmp = base + files.TMP_SUFFIX
-        self.t.run_script(f"umask 077 && mkdir -p -- {q(str(self.layout.base))} && "
-                          f"chmod 0700 -- {q(str(self.layout.base))} && rm -rf -- {q(tmp)} && "
-                          f"mkdir -m 0700 -- {q(tmp)} {q(tmp + '/dropins')}", timeout=30, check=True)
+        files.fresh_private_tree(self.t, str(self.layout.base), tmp, ("dropins",))
         self.t.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o600)
         self.t.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=copy_mode(baseline.modes.get(baseline.unit_path)))
         for i, (path, data) in enumerate(sorted(baseline.dropins.items())):
             self.t.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=copy_mode(baseline.modes.get(path)))
-        parent = q(str(self.layout.base))
-        if replace:
-            old = base + ".old"
-            self.t.run_script(f"rm -rf -- {q(old)}; if [ -d {q(base)} ]; then mv -T -- {q(base)} {q(old)}; fi && "
-                              f"mv -T -- {q(tmp)} {q(base)} && sync -- {parent} && rm -rf -- {q(old)}",
-                              timeout=30, check=True)
-        else:
-            self.t.run_script(f"[ ! -e {q(base)} ] && mv -T -- {q(tmp)} {q(base)} && sync -- {parent}",
-                              timeout=30, check=True)
+        files.rename_into_place(self.t, tmp, base, replace=replace)
         if self.mirror:
             write_private(self.mirror / "baseline.json", baseline.to_json().encode())
         return baseline
@@ -172,8 +148,7 @@ class HostState:
     # releases ---------------------------------------------------------------------------
     def current(self) -> str | None:
         """The release `current` points at, or None (the baseline)."""
-        out = self.t.run_script(f"readlink -- {q(str(self.layout.current))} || true", timeout=30, check=True).stdout
-        out = out.removesuffix("\n")
+        out = files.readlink(self.t, str(self.layout.current))
         if not out:
             return None
         name = PurePosixPath(out).name
@@ -191,13 +166,13 @@ class HostState:
 
     def release_exists(self, release_id: str) -> bool:
         path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
-        return self.t.run_script(f"test -f {q(str(path))}", timeout=30, check=False).rc == 0
+        return files.is_file(self.t, str(path))
 
     def dropin_bytes(self) -> bytes | None:
         """fleetspec's drop-in as on the host now (under its current or its legacy name)."""
         for path in (self.dropin, *legacy_dropin_paths(self.service)):
-            text = self.t.run_script(files.read_optional(path, ABSENT), timeout=30, check=True).stdout
-            if text != ABSENT:
+            text = files.read_text(self.t, path)
+            if text is not None:
                 return text.encode()
         return None
 

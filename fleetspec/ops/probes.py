@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from fleetspec.errors import RemoteError
-from fleetspec.remote import sglang_api
-from fleetspec.remote.facts import systemd as systemd_fact
+from fleetspec.remote import sglang_api, systemd
 
 
 @dataclass
@@ -51,7 +50,7 @@ def spec_for_host(host, expected: str | None, playbook_probes=None) -> ProbeSpec
 
 
 def _unit_state(t, service: str):
-    return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
+    return systemd.show(t, service)
 
 
 def wait_healthy(t, service: str, spec: ProbeSpec, *, since_restarts: int | None = None,

@@ -16,16 +16,20 @@ from pathlib import Path
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
+from fleetspec.model.baseline import Baseline, sha256
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import switching
-from fleetspec.ops.hoststate import HostState
+from fleetspec.ops.deploy import Outcome
+from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
+from fleetspec.remote import files, systemd
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import RemoteLock
 
 
 @dataclass
 class RollbackOutcome:
     host: str
-    status: str                       # rolled_back | needs_attention
+    status: Outcome                   # rolled_back | needs_attention
     target: str
     left: str | None                  # the release the service was on
     finished_interrupted: list[str] = field(default_factory=list)
@@ -38,7 +42,7 @@ class RollbackOutcome:
         return dict(self.__dict__)
 
 
-def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
+def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     target = to or BASELINE
@@ -63,7 +67,7 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
             last = ledger.last_step(rid)
             echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
-        state.record(L.Entry.step(record_under, "rollback", "started", to=target, interrupted=interrupted))
+        state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
         switch_started = time.monotonic()
         switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
         result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
@@ -71,8 +75,8 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
                                      also=switched)
         progress(None)
         if not result.ok:
-            state.record(L.Entry.step(record_under, "rollback", "failed", reason=result.reason))
-            journal = switching.journal_tail(t, host.vars.service, 10)
+            state.record(L.Entry.step(record_under, "rollback", L.StepState.FAILED, reason=result.reason))
+            journal = systemd.journal_tail(t, host.vars.service, 10)
             raise NeedsAttention(f"{host.name}: rolled back to {target} but it is not healthy: {result.reason}; "
                                  f"journal: {' | '.join(journal[-3:])}",
                                  f"ssh {host.address} journalctl -u {host.vars.service} -n 50")
@@ -81,9 +85,10 @@ def rollback(t, host, root: Path, to: str | None = None, *, echo=print, progress
         for rid in interrupted:
             state.record(L.Entry.status(rid, L.ROLLED_BACK, to=target, reason="finished by rollback"))
         if left and left != record_under and left not in interrupted and statuses.get(left) == L.HEALTHY:
-            state.record(L.Entry.step(left, "rollback", "ok", to=target))
-        state.record(L.Entry.step(record_under, "rollback", "ok", to=target, waited_s=round(result.waited_s, 2)))
-    return RollbackOutcome(host.name, "rolled_back", target, left, interrupted,
+            state.record(L.Entry.step(left, "rollback", L.StepState.OK, to=target))
+        state.record(L.Entry.step(record_under, "rollback", L.StepState.OK, to=target,
+                                  waited_s=round(result.waited_s, 2)))
+    return RollbackOutcome(host.name, Outcome.ROLLED_BACK, target, left, interrupted,
                            round(time.monotonic() - started, 2), round(result.waited_s, 2),
                            engine_wait_s_note(switch_started, result))
 
@@ -93,17 +98,12 @@ def engine_wait_s_note(switch_started: float, result) -> str:
     return f"fleetspec overhead {overhead:.2f}s beyond the engine's {result.waited_s:.2f}s restart and load"
 
 
-def verify_baseline(t, state: HostState, baseline, host: str) -> None:
+def verify_baseline(t: TransportLike, state: HostState, baseline: Baseline, host: str) -> None:
     """Prove byte-exactness after the fact: unit file and admin drop-ins hash as recorded, and
     fleetspec's drop-in is gone."""
-    from fleetspec.model.baseline import sha256
-    from fleetspec.remote import files
-
     wanted = {baseline.unit_path: baseline.unit_sha256, **{p: sha256(b) for p, b in baseline.dropins.items()}}
-    from fleetspec.ops.hoststate import legacy_dropin_paths
-
     ours = [state.dropin, *legacy_dropin_paths(state.service)]
-    got = files.parse_sha256sum(t.run_script(files.sha256_of(sorted(wanted) + ours), timeout=60, check=True).stdout)
+    got = files.sha256_map(t, [*wanted, *ours])
     for path, digest in wanted.items():
         if got.get(path) != digest:
             raise NeedsAttention(f"{host}: {path} does not match the baseline after rollback",

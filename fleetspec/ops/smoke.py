@@ -117,7 +117,12 @@ def ddtree_sample_script(budget: int = 16, topk_cap: int | None = 4, seed: int =
     """Build a DDTree on fixed sample logits with the shipped ddtree_utils and check its invariants.
     Reports which candidate path ran (the release's compiled kernel or the torch fallback); with
     kernel_required, the fallback is a failure."""
-    return _EMIT + f'''
+    return _EMIT + _ddtree_greedy(budget, topk_cap, seed) + _ddtree_sampling(budget, seed, kernel_required)
+
+
+def _ddtree_greedy(budget: int, topk_cap: int | None, seed: int) -> str:
+    """The tree on fixed logits, and the greedy walk a drafter-agreeing target must accept."""
+    return f'''
 import torch
 from sglang.srt.speculative import ddtree_utils as du
 kernel = du.kernel_status() if hasattr(du, "kernel_status") else {{"loaded": False, "error": "payload without kernel support"}}
@@ -144,7 +149,12 @@ for b in range(2):
         node, depth = kids[0], depth + 1
     chain.append(depth)
 walk = du.verify_greedy(tree, target)
-# Sampling must be lossless: over many draws, the first emitted token (the first accepted draft
+'''
+
+
+def _ddtree_sampling(budget: int, seed: int, kernel_required: bool) -> str:
+    """Lossless sampling (chi-square at the root), the invariants, and the verdict."""
+    return f'''# Sampling must be lossless: over many draws, the first emitted token (the first accepted draft
 # token, or the bonus when none is) is distributed as the target's own softmax at the root. A
 # biased walk fails this chi-square (8 tokens, 7 degrees of freedom, 4000 draws, fixed seed; the
 # threshold 40 is far beyond the 1e-4 tail, ~29.9, so a correct walk never trips it).

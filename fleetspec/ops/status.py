@@ -17,6 +17,7 @@ from fleetspec.errors import FleetspecError
 from fleetspec.model.inventory import Host
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import release_state, server_info, sglang, systemd, unit_age, unit_files
 
 DEFAULT_WORKERS = 16
@@ -76,7 +77,7 @@ def host_status(transport, host: Host) -> HostStatus:
     return row
 
 
-def _fill(row: HostStatus, t, host: Host) -> None:
+def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
     got = facts.gather_many(t, {
         "unit": (systemd, {"service": host.vars.service}),
         "sglang": (sglang, {"python": host.vars.python}),
@@ -85,24 +86,36 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         "age": (unit_age, {"service": host.vars.service}),
     }, timeout=min(host.command_timeout, 120), errors="return")
     row.reachable = True
-    unit, sg, state, files = got["unit"], got["sglang"], got["state"], got["files"]
+    unit, state = got["unit"], got["state"]
     age = got["age"]
     if not isinstance(age, FleetspecError) and age.available:
         row.up_s = age.seconds
+    declared = _fill_unit(row, unit)
+    _fill_sglang(row, got["sglang"])
+    state = _fill_state(row, state, host)
+    if not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
+        row.notes.extend(_dropin_notes(host, unit.dropin_paths))
+        if state is not None and state.baseline:
+            _fill_unit_drift(row, t, host, got["files"])
+    _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
 
-    declared = None
+
+def _fill_unit(row: HostStatus, unit) -> str | None:
+    """The service's state from systemd; returns the speculative algorithm its ExecStart declares."""
     if isinstance(unit, FleetspecError):
         row.state = "unknown"
         row.notes.append(_short_error(unit))
-    elif not unit.available:
+        return None
+    if not unit.available:
         row.state = "no systemd"
-    else:
-        row.state = unit.active_state if unit.load_state == "loaded" else unit.load_state
-        if unit.load_state == "loaded" and unit.sub_state and unit.sub_state != unit.active_state:
-            row.state = f"{unit.active_state}/{unit.sub_state}"
-        if unit.argv:
-            declared = speculative_algorithm_from_argv(unit.argv)
+        return None
+    row.state = unit.active_state if unit.load_state == "loaded" else unit.load_state
+    if unit.load_state == "loaded" and unit.sub_state and unit.sub_state != unit.active_state:
+        row.state = f"{unit.active_state}/{unit.sub_state}"
+    return speculative_algorithm_from_argv(unit.argv) if unit.argv else None
 
+
+def _fill_sglang(row: HostStatus, sg) -> None:
     if isinstance(sg, FleetspecError):
         row.sglang, row.drift = "?", "unknown"
         row.notes.append(_short_error(sg))
@@ -112,6 +125,9 @@ def _fill(row: HostStatus, t, host: Host) -> None:
         row.sglang = sg.version
         row.drift_files = [*sg.drift, *sg.missing]
 
+
+def _fill_state(row: HostStatus, state, host: Host):
+    """fleetspec's own state: release, lock, an interrupted deploy; returns the state (None if unread)."""
     if isinstance(state, FleetspecError):
         row.notes.append(_short_error(state))
         state = None
@@ -125,7 +141,8 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             lock_note = f"stale lock: {stale.describe()} is no longer running; the next deploy or rollback ends it"
             state = dataclasses.replace(state, locked=False)
     if state is not None and state.interrupted:
-        row.notes.append(f"{state.interrupted} {host.name}" if state.interrupted.endswith("rollback") else state.interrupted)
+        row.notes.append(f"{state.interrupted}; finish it with: fleetspec rollback {host.name}" if state.needs_rollback
+                         else state.interrupted)
     if lock_note:
         row.notes.append(lock_note)
     if row.drift is None:
@@ -134,19 +151,18 @@ def _fill(row: HostStatus, t, host: Host) -> None:
             row.drift = "managed by fleetspec" + (f", {n} files differ" if n else "")
         else:
             row.drift = f"{n} files differ" if n else "pristine"
-    if not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
-        row.notes.extend(_dropin_notes(host, unit.dropin_paths))
-    if state is not None and state.baseline and not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
-        try:
-            row.unit_drift = _unit_drift(t, host, files)
-        except FleetspecError as err:       # e.g. a corrupt baseline: said, and the row goes on
-            row.notes.append(_short_error(err))
-        if row.unit_drift:
-            row.drift = f"unit edited by hand; {row.drift}"
-            row.notes.append(f"{host.name}: {'; '.join(row.unit_drift)} since the baseline; review it, then run: "
-                             f"fleetspec baseline {host.name} --retake")
+    return state
 
-    _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
+
+def _fill_unit_drift(row: HostStatus, t: TransportLike, host: Host, files) -> None:
+    try:
+        row.unit_drift = _unit_drift(t, host, files)
+    except FleetspecError as err:       # e.g. a corrupt baseline: said, and the row goes on
+        row.notes.append(_short_error(err))
+    if row.unit_drift:
+        row.drift = f"unit edited by hand; {row.drift}"
+        row.notes.append(f"{host.name}: {'; '.join(row.unit_drift)} since the baseline; review it, then run: "
+                         f"fleetspec baseline {host.name} --retake")
 
 
 def _dropin_notes(host: Host, paths: list[str]) -> list[str]:
@@ -165,7 +181,7 @@ def _dropin_notes(host: Host, paths: list[str]) -> list[str]:
     return out
 
 
-def _unit_drift(t, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
+def _unit_drift(t: TransportLike, host: Host, files: unit_files.UnitFiles | FleetspecError) -> list[str]:
     """The unit file and the operator's drop-ins against the recorded baseline (fleetspec's own
     drop-in left out): what preflight would refuse."""
     from fleetspec.ops.hoststate import HostState, is_ours

@@ -1,4 +1,5 @@
-"""Shell builders for the file operations a deploy makes on a host, each atomic and durable.
+"""The file operations a deploy makes on a host, each atomic and durable: shell builders, and
+the functions that run them over a transport (`t`), one round trip each.
 
 Every write lands in a temp name first and is renamed into place, so a crash or a cut link
 leaves either the old file or the new one, never a torn one. Atomic is not durable: the temp
@@ -13,6 +14,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from fleetspec.model.layout import STATE_ROOT
+from fleetspec.remote.api import CommandResult, TransportLike
 
 q = shlex.quote
 TMP_SUFFIX = ".fleetspec-tmp"
@@ -115,3 +117,115 @@ def missing_objects(store: str, digests: list[str]) -> str:
     """Which content-addressed objects the host lacks: prints one digest per line."""
     names = " ".join(q(d) for d in digests)
     return f"mkdir -p {q(store)} && for d in {names}; do [ -e {q(store)}/$d ] || echo $d; done"
+
+
+# Run over a transport ----------------------------------------------------------------------------
+ABSENT = "__FLEETSPEC_ABSENT__"
+
+
+def sha256_map(t: TransportLike, paths, timeout: float = 60) -> dict[str, str]:
+    """{path: sha256} of those of `paths` that exist on the host (absent ones left out)."""
+    return parse_sha256sum(t.run_script(sha256_of(sorted(paths)), timeout=timeout, check=True).stdout)
+
+
+def read_text(t: TransportLike, path: str) -> str | None:
+    """A file's text, or None when it does not exist."""
+    text = t.run_script(read_optional(path, ABSENT), timeout=30, check=True).stdout
+    return None if text == ABSENT else text
+
+
+def readlink(t: TransportLike, path: str) -> str:
+    """Where a symlink points ("" when it is not one or does not exist)."""
+    return t.run_script(f"readlink -- {q(path)} || true", timeout=30, check=True).stdout.removesuffix("\n")
+
+
+def is_file(t: TransportLike, path: str) -> bool:
+    return t.run_script(f"test -f {q(path)}", timeout=30, check=False).rc == 0
+
+
+def missing_paths(t: TransportLike, paths: list[str]) -> list[str]:
+    """Those of `paths` that do not exist on the host (one a line: a path may hold a space)."""
+    script = "; ".join(f"[ -e {q(p)} ] || echo {q(p)}" for p in paths)
+    return t.run_script(script, timeout=30, check=False).stdout.splitlines()
+
+
+def file_modes(t: TransportLike, paths: list[str]) -> dict[str, int]:
+    """Permission bits of the files that exist among `paths`."""
+    if not paths:
+        return {}
+    out = t.run_script("stat -c '%a %n' -- " + " ".join(q(p) for p in paths) + " 2>/dev/null; true",
+                       timeout=30, check=True).stdout
+    modes = {}
+    for line in out.splitlines():
+        bits, _, path = line.partition(" ")
+        if path in paths and bits.isdigit():
+            modes[path] = int(bits, 8)
+    return modes
+
+
+def rm_tree(t: TransportLike, path: str, timeout: float = 120, check: bool = True) -> None:
+    t.run_script(f"rm -rf -- {q(path)}", timeout=timeout, check=check)
+
+
+def make_dirs(t: TransportLike, *paths: str, mode: int = 0o700, parents: bool = False) -> None:
+    """mkdir with a mode (`parents`: -p, the mode then applies to the last folder only)."""
+    flag = "-p " if parents else ""
+    t.run_script(f"mkdir {flag}-m {mode:o} -- " + " ".join(q(p) for p in paths), timeout=30, check=True)
+
+
+def make_scratch(t: TransportLike, rundir: str = RUN_DIR) -> str:
+    """A fresh unguessable folder inside the root-only `rundir` (scratch_dir); returns its path."""
+    return t.run_script(scratch_dir(rundir), timeout=30, check=True).stdout.strip()
+
+
+def missing_from_store(t: TransportLike, store: str, digests: list[str]) -> list[str]:
+    """The content-addressed objects the host lacks."""
+    return t.run_script(missing_objects(store, digests), timeout=60, check=True).stdout.split()
+
+
+def append_private_line(t: TransportLike, folder: str, path: str, line: str, guard: str = "") -> CommandResult:
+    """Append one line (append_line) to `path` in the root-only `folder`, made if needed. A `guard`
+    (a shell test that must pass first, e.g. the lock's) makes a failure the caller's to read."""
+    prefix = guard + "; " if guard else ""
+    return t.run_script(prefix + f"umask 077 && mkdir -p -- {q(folder)} && chmod 0700 -- {q(folder)} && "
+                        + append_line(path, line), timeout=30, check=not guard)
+
+
+def fresh_private_tree(t: TransportLike, parent_dir: str, tmp: str, subdirs: tuple[str, ...] = ()) -> None:
+    """An empty 0700 `tmp` (and its `subdirs`) inside the 0700 `parent_dir`, whatever was there."""
+    made = " ".join(q(p) for p in (tmp, *(f"{tmp}/{d}" for d in subdirs)))
+    t.run_script(f"umask 077 && mkdir -p -- {q(parent_dir)} && chmod 0700 -- {q(parent_dir)} && "
+                 f"rm -rf -- {q(tmp)} && mkdir -m 0700 -- {made}", timeout=30, check=True)
+
+
+def rename_into_place(t: TransportLike, tmp: str, final: str, *, replace: bool) -> None:
+    """Rename the folder `tmp` to `final` and fsync their parent: a folder is whole or absent.
+    `replace`: an existing `final` is moved aside first and removed after; else it must not exist."""
+    base, old, folder = q(final), q(final + ".old"), q(parent(final))
+    if replace:
+        t.run_script(f"rm -rf -- {old}; if [ -d {base} ]; then mv -T -- {base} {old}; fi && "
+                     f"mv -T -- {q(tmp)} {base} && sync -- {folder} && rm -rf -- {old}", timeout=30, check=True)
+    else:
+        t.run_script(f"[ ! -e {base} ] && mv -T -- {q(tmp)} {base} && sync -- {folder}", timeout=30, check=True)
+
+
+def publish_tree(t: TransportLike, tmp: str, final: str) -> None:
+    """One syncfs for a whole tree (thousands of links) before it takes its final name over any
+    earlier one, then the rename itself, fsynced: a reader of `final` sees a whole tree or none."""
+    t.run_script(f"sync -f -- {q(tmp)} && rm -rf -- {q(final)} && mv -T -- {q(tmp)} {q(final)} && "
+                 f"{fsync(parent(final))}", timeout=120, check=True)
+
+
+def run_python(t: TransportLike, python: str, code: str, args=(), *, env: dict | None = None,
+               rundir: str = RUN_DIR, timeout_s: int | None = None, timeout: float = 300,
+               stdin: bytes | None = None) -> CommandResult:
+    """`python -c code args` on the host as python_c builds it; the caller reads rc and output."""
+    return t.run_script(python_c(python, code, args, env=env, rundir=rundir, timeout_s=timeout_s),
+                        timeout=timeout, check=False, stdin=stdin)
+
+
+def run_python_from_root(t: TransportLike, python: str, code: str, timeout_s: int = 300) -> CommandResult:
+    """`python -c code` started in `/` with a `timeout`: for reading an installed package, where
+    the root-only run folder is not needed (nothing is written)."""
+    return t.run_script(f"cd / && timeout {int(timeout_s)} {q(python)} -c {q(code)}", timeout=timeout_s + 30,
+                        check=False)

@@ -31,6 +31,7 @@ import paramiko
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.identity import controller_id
 from fleetspec.remote import files
+from fleetspec.remote.api import TransportLike
 
 q = shlex.quote
 BUSY = 75
@@ -137,7 +138,7 @@ def guard_script(lock: str, token: str, remote_pid: int) -> str:
             f"|| {{ echo {LOST_MARKER} >&2; exit {LOST}; }}")
 
 
-def read_holder(t, lock: str) -> Holder | None:
+def read_holder(t: TransportLike, lock: str) -> Holder | None:
     text = t.run_script(files.read_optional(holder_path(lock), ""), timeout=30, check=True).stdout
     try:
         return Holder(**json.loads(text)) if text else None
@@ -145,7 +146,7 @@ def read_holder(t, lock: str) -> Holder | None:
         return None
 
 
-def heartbeat_age(t, lock: str, holder: Holder) -> float | None:
+def heartbeat_age(t: TransportLike, lock: str, holder: Holder) -> float | None:
     """Seconds since the holder's session last showed life on the host (host clock both ends);
     None when it keeps no heartbeat (an older fleetspec, or a hand-made record)."""
     if not holder.token or not holder.token.isalnum():
@@ -158,13 +159,13 @@ def heartbeat_age(t, lock: str, holder: Holder) -> float | None:
         return None
 
 
-def is_held(t, lock: str) -> bool:
+def is_held(t: TransportLike, lock: str) -> bool:
     r = t.run_script(f"[ -e {q(lock)} ] || exit 0; flock -n {q(lock)} true", timeout=30, check=False)
     return r.rc != 0
 
 
 class RemoteLock:
-    def __init__(self, t, lock: str, *, release: str, note=lambda line: None, holder: Holder | None = None,
+    def __init__(self, t: TransportLike, lock: str, *, release: str, note=lambda line: None, holder: Holder | None = None,
                  heartbeat: bool = True):
         self.t, self.lock, self.note = t, lock, note
         self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
@@ -256,7 +257,7 @@ class RemoteLock:
                     pass    # a dead link: the holder sees EOF when sshd drops our session
 
 
-def force_unlock(t, lock: str) -> Holder | None:
+def force_unlock(t: TransportLike, lock: str) -> Holder | None:
     """End a stale holder. Refused while the holder is alive: its process is alive on this
     controller, or its session on the host still sends heartbeats (whoever's controller it is)."""
     if not is_held(t, lock):
@@ -280,7 +281,7 @@ def force_unlock(t, lock: str) -> Holder | None:
     return holder
 
 
-def _end_holder(t, lock: str, holder: Holder) -> None:
+def _end_holder(t: TransportLike, lock: str, holder: Holder) -> None:
     """Kill the holder's `cat` (only that: checked by name, never a pid reused since), wait for the
     flock to free, and remove that holder's files only. A legacy plain-file record is removed too."""
     pid = int(holder.remote_pid)

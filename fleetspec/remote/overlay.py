@@ -19,6 +19,8 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Mapping
 
+from fleetspec.remote.api import TransportLike
+
 q = shlex.quote
 
 
@@ -73,3 +75,8 @@ def _real_folders(package: PurePosixPath, targets: list[PurePosixPath]) -> set[P
         if target.suffix == ".py":
             real.add(target.parent / "__pycache__")
     return real
+
+
+def build_overlay(t: TransportLike, site_packages: str, patch_dir: str, dest: str, patchset) -> None:
+    """Run overlay_script on the host (one round trip)."""
+    t.run_script(overlay_script(site_packages, patch_dir, dest, patchset), timeout=300, check=True)

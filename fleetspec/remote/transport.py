@@ -2,168 +2,43 @@
 
 One paramiko connection per host, reused by every call (channels are cheap, handshakes are not),
 with TCP_NODELAY (Nagle cost ~40 ms per round trip). Host keys are checked against the
-inventory's known_hosts: an unknown key is refused unless the policy is accept-new or the user
-passed --accept-new-host-key (then it is recorded); a changed key is always refused. Only the
-connect is retried — a command is never run twice.
+inventory's known_hosts (remote/hostkeys.py): an unknown key is refused unless the policy is
+accept-new or the user passed --accept-new-host-key (then it is recorded); a changed key is always
+refused. Only the connect is retried — a command is never run twice. File transfer and HTTP ride
+on the same connection (remote/transfer.py, remote/http.py).
 """
 
 from __future__ import annotations
 
-import json as jsonlib
-import os
-import re
-import secrets
 import select
 import shlex
 import socket
 import threading
 import time
-from base64 import b64encode
-from dataclasses import dataclass, field
-from hashlib import sha256
-from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import Sequence
 
 import paramiko
 import tenacity
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
+from fleetspec.remote.api import CommandResult, HttpResponse, TransportLike
+from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
+from fleetspec.remote.http import HttpOverSsh
+from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
+from fleetspec.remote.transfer import FileTransfer
+
+__all__ = ["CommandResult", "HostKeyError", "HttpResponse", "Transport", "TransportLike", "TransportPool",
+           "add_observer", "check_host_key", "fingerprint", "redact", "remove_observer"]
 
 _CHUNK = 65536
-
-# Observers of every remote action (`-v/--verbose`): fn(host, what, seconds, outcome). The one hook
-# sits here, in the one SSH place, so nothing fleetspec runs on a host escapes it.
-_OBSERVERS: list = []
-_SECRET_WORDS = re.compile(
-    r"(?i)((?:--)?[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|passwd)[A-Za-z0-9_]*[\"']?(?:=|\s+|:\s*))"
-    r"(?:'[^']*'|\"[^\"]*\"|\S+)")
-
-
-def add_observer(fn) -> None:
-    """Call fn(host_name, shown_command, seconds, outcome) after each command or HTTP request."""
-    _OBSERVERS.append(fn)
-
-
-def remove_observer(fn) -> None:
-    if fn in _OBSERVERS:
-        _OBSERVERS.remove(fn)
-
-
-def redact(text: str) -> str:
-    """Values after secret-looking names (--api-key X, SGLANG_API_KEY=X, Authorization: …) hidden."""
-    text = re.sub(r"(?i)(authorization:\s*)(?:bearer\s+|basic\s+)?[^\s'\"]+", r"\1***", text)
-    return _SECRET_WORDS.sub(lambda m: m.group(1) + "***", text)
-
-
-def _observe(host: str, what: str, began: float, outcome: str) -> None:
-    if not _OBSERVERS:
-        return
-    seconds = time.monotonic() - began
-    shown = redact(what)
-    for fn in list(_OBSERVERS):
-        try:
-            fn(host, shown, seconds, outcome)
-        except Exception:  # noqa: BLE001 - a broken observer must not break a deploy
-            pass
-
-
-@dataclass
-class CommandResult:
-    command: str
-    rc: int
-    stdout: str
-    stderr: str
-    stdout_bytes: bytes = field(default=b"", repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-
-@dataclass
-class HttpResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return jsonlib.loads(self.body.decode("utf-8"))
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
-
-
-class HostKeyError(RemoteError):
-    """A host key that is unknown (and not to be trusted) or changed; never retried."""
 
 
 class _Retryable(Exception):
     """A connect failure worth another try (refused, reset, timed out before the handshake)."""
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    return "SHA256:" + b64encode(sha256(key.asbytes()).digest()).decode().rstrip("=")
-
-
-def _known_hosts_lines(path: Path) -> paramiko.HostKeys:
-    keys = paramiko.HostKeys()
-    if path.is_file():
-        try:
-            keys.load(str(path))
-        except (OSError, paramiko.SSHException) as err:
-            raise HostKeyError(f"cannot read known_hosts {path}: {err}") from None
-    return keys
-
-
-def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path | None, accept_new: bool) -> None:
-    """Refuse a changed key always; an unknown one unless accept_new (then record it)."""
-    if known_hosts is None:
-        raise HostKeyError(f"{label}: no known_hosts file configured in the inventory; refusing {name}")
-    keys = _known_hosts_lines(known_hosts)
-    entry = keys.lookup(name)
-    if entry:
-        known = entry.get(key.get_name())
-        if known is not None and known.asbytes() == key.asbytes():
-            return
-        if known is not None or len(entry):
-            raise HostKeyError(
-                f"{label}: host key for {name} CHANGED (now {key.get_name()} {fingerprint(key)}), "
-                f"not what {known_hosts} records; refusing to connect")
-    if not accept_new:
-        raise HostKeyError(
-            f"{label}: unknown host key for {name} ({key.get_name()} {fingerprint(key)}) not in {known_hosts}; "
-            f"use host_key_policy: accept-new or --accept-new-host-key to trust it")
-    known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with _KH_LOCK:
-        fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
-
-
-_KH_LOCK = threading.Lock()
-
-
-def _load_keys(host: Host) -> list[paramiko.PKey]:
-    """The inventory's key; without one, the agent's keys then ~/.ssh/id_* (as ssh would)."""
-    if host.ssh_key is not None:
-        try:
-            return [paramiko.PKey.from_path(host.ssh_key)]
-        except (OSError, paramiko.SSHException, ValueError) as err:
-            raise RemoteError(f"{host.name}: cannot load ssh key {host.ssh_key}: {err}") from None
-    keys: list[paramiko.PKey] = list(paramiko.Agent().get_keys())
-    for name in ("id_ed25519", "id_ecdsa", "id_rsa"):
-        p = Path.home() / ".ssh" / name
-        if p.is_file():
-            try:
-                keys.append(paramiko.PKey.from_path(p))
-            except (paramiko.SSHException, ValueError, OSError):
-                continue
-    return keys
-
-
-class Transport:
+class Transport(FileTransfer, HttpOverSsh):
     """SSH to one host (see module docstring); thread-safe for concurrent commands."""
 
     def __init__(self, host: Host, accept_new_host_key: bool = False):
@@ -390,200 +265,6 @@ class Transport:
             raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None
         _observe(self.name, script, began, "started (runs on)")
         return chan
-
-    # ---- files -----------------------------------------------------------------------------
-
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        ssh = self.connect()
-        with self._lock:
-            if self._sftp is None or self._sftp.sock.closed:
-                self._sftp = paramiko.SFTPClient.from_transport(ssh)
-                # Without a timeout a transfer over a link that died blocks until TCP gives up
-                # (~15 min): fail once no byte moved for this long.
-                self._sftp.get_channel().settimeout(self.io_timeout)
-            return self._sftp
-
-    @property
-    def io_timeout(self) -> float:
-        return float(min(self.host.command_timeout, 60))
-
-    def _drop_sftp(self) -> None:
-        with self._lock:
-            sftp, self._sftp = self._sftp, None
-        if sftp is not None:
-            try:
-                sftp.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
-
-    def put_bytes(self, data: bytes, path: str, mode: int = 0o644, durable: bool = True) -> None:
-        """Write `path` atomically: a temp file beside it (never readable by others while it is
-        written), chmod, fsync, then rename over the target and fsync the folder (`durable`;
-        content-addressed objects skip it: a torn one fails its hash check where it is used)."""
-        began = time.monotonic()
-        what = f"put {path} ({len(data)} bytes, mode {mode:o})"
-        try:
-            self._put_bytes_inner(data, path, mode, durable)
-        except RemoteError as err:
-            _observe(self.name, what, began, f"error: {str(err).removeprefix(self.name + ': ')}")
-            raise
-        _observe(self.name, what, began, "ok")
-
-    def _put_bytes_inner(self, data: bytes, path: str, mode: int, durable: bool) -> None:
-        tmp = f"{path}.fleetspec-tmp-{secrets.token_hex(6)}"
-        q = shlex.quote
-        folder = str(PurePosixPath(path).parent)
-        rename = (f"sync -- {q(tmp)} && mv -f -- {q(tmp)} {q(path)} && sync -- {q(folder)}" if durable
-                  else f"mv -f -- {q(tmp)} {q(path)}")
-        if self.needs_sudo:
-            script = (f"umask 077; cat > {q(tmp)} && chmod {mode:o} {q(tmp)} && {rename} "
-                      f"|| {{ rc=$?; rm -f {q(tmp)}; exit $rc; }}")
-            self.run_script(script, check=True, stdin=data)
-            return
-        sftp = self._sftp_client()
-        try:
-            with sftp.open(tmp, "wb") as f:
-                f.chmod(0o600)              # created at the server's umask: tighten before any byte
-                f.set_pipelined(True)
-                f.write(data)
-            sftp.chmod(tmp, mode)
-            if not durable:
-                sftp.posix_rename(tmp, path)
-        except (OSError, paramiko.SSHException) as err:
-            if isinstance(err, (socket.timeout, TimeoutError)):
-                self._drop_sftp()
-                raise RemoteError(f"{self.name}: connection lost while writing {path}: no progress for "
-                                  f"{self.io_timeout:g}s") from None
-            try:
-                sftp.remove(tmp)
-            except (OSError, paramiko.SSHException):
-                pass
-            raise RemoteError(f"{self.name}: cannot write {path}: {err}") from None
-        if durable:   # SFTP has no fsync paramiko can send: one command syncs, renames and syncs the folder
-            r = self.run_script(f"{rename} || {{ rc=$?; rm -f -- {q(tmp)}; exit $rc; }}", timeout=self.io_timeout)
-            if not r.ok:
-                raise RemoteError(f"{self.name}: cannot write {path}: {(r.stderr.strip() or f'exit {r.rc}')[:300]}")
-
-    def get_bytes(self, path: str) -> bytes:
-        began = time.monotonic()
-        try:
-            data = self._get_bytes_inner(path)
-        except RemoteError as err:
-            _observe(self.name, f"get {path}", began, f"error: {str(err).removeprefix(self.name + ': ')}")
-            raise
-        _observe(self.name, f"get {path}", began, f"ok ({len(data)} bytes)")
-        return data
-
-    def _get_bytes_inner(self, path: str) -> bytes:
-        if self.needs_sudo:
-            return self.run(["cat", "--", path], check=True).stdout_bytes
-        sftp = self._sftp_client()
-        try:
-            with sftp.open(path, "rb") as f:
-                f.prefetch()
-                return f.read()
-        except FileNotFoundError:
-            raise RemoteError(f"{self.name}: {path}: no such file") from None
-        except (OSError, paramiko.SSHException) as err:
-            if isinstance(err, (socket.timeout, TimeoutError)):
-                self._drop_sftp()
-                raise RemoteError(f"{self.name}: connection lost while reading {path}: no progress for "
-                                  f"{self.io_timeout:g}s") from None
-            raise RemoteError(f"{self.name}: cannot read {path}: {err}") from None
-
-    # ---- HTTP over the SSH connection --------------------------------------------------------
-
-    def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
-             headers: dict[str, str] | None = None) -> HttpResponse:
-        """A minimal HTTP/1.1 request to 127.0.0.1:<port> on the host, through a direct-tcpip channel."""
-        for k, v in (headers or {}).items():
-            if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
-                # a CR/LF in a header value (an API key from the environment) would add headers or a request
-                raise UserError(f"{self.name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
-                                f"refusing to send it (check the variable it comes from)")
-        began = time.monotonic()
-        what = f"{method.upper()} http://127.0.0.1:{port}{path}"
-        try:
-            response = self._http_inner(method, port, path, json, timeout, headers)
-        except RemoteError as err:
-            _observe(self.name, what, began, f"error: {str(err).removeprefix(self.name + ': ')}")
-            raise
-        _observe(self.name, what, began, f"HTTP {response.status}")
-        return response
-
-    def _http_inner(self, method, port, path, json, timeout, headers) -> HttpResponse:
-        ssh = self.connect()
-        body = b"" if json is None else jsonlib.dumps(json).encode()
-        lines = [f"{method.upper()} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close",
-                 "Accept: application/json", "User-Agent: fleetspec"]
-        if json is not None:
-            lines.append("Content-Type: application/json")
-        if body or method.upper() in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body)}")
-        for k, v in (headers or {}).items():
-            lines.append(f"{k}: {v}")
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-        where = f"{self.name}: http://127.0.0.1:{port}{path}"
-        try:
-            chan = ssh.open_channel("direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=timeout)
-        except paramiko.ChannelException as err:
-            raise RemoteError(f"{where}: connection refused ({err.text})") from None
-        except (paramiko.SSHException, EOFError, OSError) as err:
-            raise RemoteError(f"{where}: {err or 'channel open timed out'}") from None
-        deadline = time.monotonic() + timeout
-        raw = bytearray()
-        try:
-            chan.settimeout(timeout)
-            chan.sendall(request)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RemoteError(f"{where}: no complete answer within {timeout:g}s")
-                chan.settimeout(left)
-                chunk = chan.recv(_CHUNK)
-                if not chunk:
-                    break
-                raw += chunk
-        except socket.timeout:
-            raise RemoteError(f"{where}: no complete answer within {timeout:g}s") from None
-        except (paramiko.SSHException, EOFError, OSError) as err:
-            raise RemoteError(f"{where}: {err}") from None
-        finally:
-            chan.close()
-        return _parse_http(bytes(raw), where)
-
-
-def _parse_http(raw: bytes, where: str) -> HttpResponse:
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise RemoteError(f"{where}: truncated HTTP answer ({len(raw)} bytes)")
-    lines = head.decode("iso-8859-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise RemoteError(f"{where}: not an HTTP answer: {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        k, _, v = line.partition(":")
-        headers[k.strip().lower()] = v.strip()
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = _dechunk(body, where)
-    elif "content-length" in headers:
-        body = body[: int(headers["content-length"])]
-    return HttpResponse(int(parts[1]), headers, body)
-
-
-def _dechunk(data: bytes, where: str) -> bytes:
-    out, i = bytearray(), 0
-    while True:
-        j = data.find(b"\r\n", i)
-        if j < 0:
-            raise RemoteError(f"{where}: truncated chunked body")
-        size = int(data[i:j].split(b";")[0].strip() or b"0", 16)
-        if size == 0:
-            return bytes(out)
-        out += data[j + 2:j + 2 + size]
-        i = j + 2 + size + 2
-
 
 def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
     """A link that dies mid-command left paramiko waiting forever (exec_command waits for its

@@ -11,7 +11,7 @@ import pytest
 
 from fleetspec.model.baseline import REDACTED, Baseline
 from fleetspec.model.inventory import load_inventory
-from fleetspec.ops import preflight
+from fleetspec.ops.baseline import take_baseline
 from fleetspec.remote.facts.unitfile import environment_of
 from fleetspec.remote.facts.unit_files import UnitFiles
 from fleetspec.remote.transport import Transport
@@ -67,7 +67,7 @@ def test_the_baseline_records_values_with_secrets_redacted(host, monkeypatch):
                              sglang=SimpleNamespace(version="0.5.23", site_packages="/x", drift=()),
                              playbook=SimpleNamespace(launch=SimpleNamespace(secret_env=("SERVE_BEARER",))))
         monkeypatch.setenv("SERVE_BEARER", BEARER)
-        baseline = preflight.take_baseline(t, pf)
+        baseline = take_baseline(t, pf)
     finally:
         t.close()
     assert baseline.environment == {

@@ -155,3 +155,19 @@ def test_gather_many_one_round_trip(tmp_path, sshd, ssh_client_key, inventory_wr
         assert facts.gather(t, gpu).present is False
     finally:
         t.close()
+
+
+def test_release_state_flags_interrupted_deploys_unless_locked():
+    switched = ("exists=yes\ncurrent=/var/lib/fleetspec/s/releases/R2\nbaseline=yes\n"
+                'ledger={"kind":"step","release":"R2","name":"restart","state":"started"}\n'
+                'status={"kind":"status","release":"R2","name":"release","state":"switched"}\n'
+                'current_status={"kind":"status","release":"R2","name":"release","state":"switched"}\n')
+    s = release_state.parse(switched + "lock=free\n")
+    assert "R2 was interrupted after step restart while switched" in s.interrupted
+    assert s.needs_rollback and "fleetspec" not in s.interrupted      # ops/status says what to run
+    assert release_state.parse(switched + "lock=held\n").interrupted is None   # a live deploy
+    early = ("exists=yes\ncurrent=\nbaseline=yes\n"
+             'ledger={"kind":"step","release":"R3","name":"stage","state":"started"}\n'
+             'status={"kind":"status","release":"R1","name":"release","state":"healthy"}\nlock=free\n')
+    assert "died at step stage before switching" in release_state.parse(early).interrupted
+    assert not release_state.parse(early).needs_rollback

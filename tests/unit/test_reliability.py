@@ -130,7 +130,7 @@ def test_status_tells_a_host_left_unchanged_from_one_to_roll_back():
     assert "before switching (host unchanged)" in staged.interrupted and "rollback" not in staged.interrupted
     switched = _state({"kind": "step", "release": "r1", "name": "switch", "state": "started"},
                       {"kind": "status", "release": "r1", "name": "release", "state": "switched"})
-    assert "interrupted" in switched.interrupted and "fleetspec rollback" in switched.interrupted
+    assert "interrupted" in switched.interrupted and switched.needs_rollback and not staged.needs_rollback
     assert "after step release" not in switched.interrupted
     assert switched.__class__(**{**switched.__dict__, "locked": True}).interrupted is None
 
@@ -239,3 +239,21 @@ def test_baseline_lines_are_not_a_release():
              L.Entry.status("r1", L.FAILED)]
     parsed = L.parse(L.render(lines))
     assert parsed.releases() == {"r1": L.FAILED} and parsed.interrupted() == []
+
+
+def test_status_names_the_rollback_to_run_for_a_switched_deploy():
+    """The fact says what happened; ops/status adds the command, with the host's name."""
+    from types import SimpleNamespace
+
+    from fleetspec.ops.status import HostStatus, _fill_state
+
+    switched = _state({"kind": "step", "release": "r1", "name": "switch", "state": "started"},
+                      {"kind": "status", "release": "r1", "name": "release", "state": "switched"})
+    row = HostStatus("ct9", "ct9.example", "s.service")
+    _fill_state(row, switched, SimpleNamespace(name="ct9"))
+    assert row.notes == [f"{switched.interrupted}; finish it with: fleetspec rollback ct9"]
+    staged = _state({"kind": "status", "release": "r1", "name": "release", "state": "staged"},
+                    {"kind": "step", "release": "r1", "name": "smoke", "state": "started"})
+    row = HostStatus("ct9", "ct9.example", "s.service")
+    _fill_state(row, staged, SimpleNamespace(name="ct9"))
+    assert row.notes == [staged.interrupted] and row.drift == "pristine"

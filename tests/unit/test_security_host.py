@@ -143,8 +143,10 @@ def test_a_planted_lint_folder_cannot_redirect_the_drop_in(t, tmp_path, monkeypa
     its name is known), its `<svc>.d` a symlink to a folder of ours; nothing may be written there."""
     service = f"fs-lint-{secrets.token_hex(4)}.service"
     now = 1_800_000_000.123
-    monkeypatch.setattr(switching, "time", SimpleNamespace(time=lambda: now, strftime=time.strftime,
-                                                           gmtime=time.gmtime))
+    from fleetspec.ops import rendering
+
+    monkeypatch.setattr(rendering, "time", SimpleNamespace(time=lambda: now, strftime=time.strftime,
+                                                            gmtime=time.gmtime))
     target = tmp_path / "target"
     target.mkdir()
     planted = Path(f"/tmp/fleetspec-lint-{service}-{int(now * 1000)}")

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote.api import TransportLike
 
 
 class FactError(RemoteError):
@@ -28,7 +29,7 @@ class RawFact:
     rc: int
 
 
-def gather(transport: Any, module: ModuleType, timeout: float | None = None, **params: Any) -> Any:
+def gather(transport: TransportLike, module: ModuleType, timeout: float | None = None, **params: Any) -> Any:
     """Run one fact and parse it; a failure raises FactError."""
     result = gather_many(transport, [(module, params)], timeout=timeout, errors="raise")
     return result[0]
@@ -68,7 +69,7 @@ def split_batch(stdout: str, token: str, count: int) -> list[RawFact | None]:
     return out
 
 
-def gather_many(transport: Any, items: Any, timeout: float | None = None, errors: str = "none") -> Any:
+def gather_many(transport: TransportLike, items: Any, timeout: float | None = None, errors: str = "none") -> Any:
     """Run several facts in one round trip.
 
     `items`: a list of (module, params) -> a list of results in the same order, or a mapping of

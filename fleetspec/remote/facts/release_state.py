@@ -39,11 +39,19 @@ class ReleaseState:
             if status.get("state") != L.SWITCHED:   # staged: nothing that runs was changed
                 return (f"deploy {status.get('release')} died {where} before switching (host unchanged)"
                         .replace("  ", " "))
-            return (f"deploy {status.get('release')} was interrupted {where} while {status.get('state')}".replace("  ", " ")
-                    + "; finish it with: fleetspec rollback")
+            return (f"deploy {status.get('release')} was interrupted {where} while {status.get('state')}"
+                    .replace("  ", " "))
         if last.get("kind") == "step" and last.get("state") == "started" and last.get("name") != "rollback":
             return f"deploy {last.get('release')} died at step {last.get('name')} before switching (host unchanged)"
         return None
+
+    @property
+    def needs_rollback(self) -> bool:
+        """The interrupted deploy had switched the service: only a rollback finishes it."""
+        status = self.last_status or {}
+        from fleetspec.model import ledger as L
+
+        return bool(self.interrupted) and status.get("state") == L.SWITCHED
 
     @property
     def release_status(self) -> str | None:

@@ -1,0 +1,263 @@
+"""Preflight's checks, each a one-line refusal naming the host and what was expected, and the
+reads they need (unit files, installed hashes, kernels). Nothing here changes a host, except
+`abandon_unswitched`, which marks dead deploys in the ledger under the lock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleetspec.errors import NeedsAttention, UserError
+from fleetspec.model import ledger as L
+from fleetspec.model.inventory import Host
+from fleetspec.model.playbook import Playbook
+from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
+from fleetspec.remote import files, systemd
+from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import unitfile
+from fleetspec.remote.facts.systemd import SystemdUnit
+
+if TYPE_CHECKING:
+    from fleetspec.ops.preflight import Preflight
+
+MIN_FREE_BYTES = 256 * 1024 * 1024
+MAX_PATCH_FILE = 64 * 1024 * 1024      # a module; anything bigger is a mistake, and it is read into memory
+
+
+def gather_unit(t: TransportLike, service: str) -> SystemdUnit:
+    return systemd.show(t, service)
+
+
+def read_unit_files(t: TransportLike, unit: SystemdUnit) -> tuple[bytes, dict[str, bytes], list[str]]:
+    unit_bytes = t.get_bytes(unit.fragment_path)
+    dropins, texts = {}, []
+    for path in unit.dropin_paths:
+        if is_ours(path):
+            continue
+        data = t.get_bytes(path)
+        texts.append(data.decode(errors="replace"))
+        dropins[path] = data
+    return unit_bytes, dropins, texts
+
+
+def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
+    """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
+    (fleetspec's own drop-in is left out by read_unit_files)."""
+    return unitfile.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+
+
+def check_dropin_order(unit, host, service: str) -> None:
+    """fleetspec's drop-in must be the last word on ExecStart=: systemd applies drop-ins sorted by
+    file name, so an admin drop-in named after ours would win and the release would serve the old
+    command. Refused here, before anything changes; the check after daemon-reload catches the rest."""
+    from fleetspec.ops.hoststate import sorts_after_ours
+
+    later = [p for p in unit.dropin_paths if sorts_after_ours(p)]
+    if later:
+        raise UserError(f"{host.name}: {service}: the drop-in {later[0]} sorts after fleetspec's "
+                        f"({DROPIN_NAME}) and would override its ExecStart=; rename it so it sorts before "
+                        f"{DROPIN_NAME} (e.g. 40-…conf)")
+
+
+def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
+    """The admin drop-ins (fleetspec's excluded, in systemd's order) that set ExecStart=."""
+    paths = [p for p in unit.dropin_paths if not is_ours(p)]
+    out = []
+    for path, text in zip(paths, dropin_texts):
+        try:
+            if unitfile.parse_unit(text).values("Service", "ExecStart"):
+                out.append(path)
+        except ValueError:
+            out.append(path)
+    return out
+
+
+def check_orphan_dropin(state: HostState, unit, host) -> None:
+    """fleetspec's drop-in without fleetspec's state (the folder was deleted or the disk lost):
+    the service runs a release nobody can describe, so no baseline may be taken from it."""
+    if any(is_ours(p) for p in unit.dropin_paths) and state.read_baseline() is None:
+        raise NeedsAttention(
+            f"{host.name}: {state.dropin} is there but {state.layout.baseline} is not: fleetspec's state was "
+            f"lost while a release was active; check the unit, remove the drop-in, reload and restart, then retry",
+            f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
+
+
+def check_interrupted(state: HostState, host: str) -> None:
+    """A deploy that died after `switch` leaves the host on a release nobody proved: refuse until
+    `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it."""
+    ledger = state.ledger()
+    for rid in ledger.interrupted():
+        status = ledger.releases()[rid]
+        last = ledger.last_step(rid)
+        where = f"at step {last.name} ({last.state})" if last else "before its first step"
+        if status == L.SWITCHED:
+            raise NeedsAttention(f"{host}: deploy {rid} was interrupted {where} after switching the service",
+                                 f"fleetspec rollback {host}")
+
+
+def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict,
+                     secrets: tuple = ((), ())) -> None:
+    """A unit edited by hand since the baseline is refused before anything is locked or written:
+    the baseline is never silently replaced, and a deploy never builds on a state nobody recorded."""
+    baseline = state.read_baseline(repair=False)      # read-only here; the locked baseline step repairs
+    drift = baseline.differences(unit_bytes, dropins, *secrets) if baseline is not None else []
+    if drift:
+        raise NeedsAttention(f"{host}: {service} changed by hand since the baseline: {'; '.join(drift)}; "
+                             f"review it, then record it", f"fleetspec baseline {host} --retake")
+
+
+def abandon_unswitched(state: HostState, running: str) -> list[str]:
+    """Mark deploys that died before `switch` as failed: they changed nothing that runs."""
+    ledger = state.ledger()
+    out = []
+    for rid in ledger.interrupted():
+        if rid != running and ledger.releases()[rid] != L.SWITCHED:
+            state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
+            out.append(rid)
+    return out
+
+
+def _model_path(host, exec_argv: list[str]) -> str:
+    for i, token in enumerate(exec_argv):
+        if token == "--model-path" and i + 1 < len(exec_argv):
+            return exec_argv[i + 1]
+        if token.startswith("--model-path="):
+            return token.split("=", 1)[1]
+    return host.vars.model_path or "/nonexistent"
+
+
+def select_patchset(t: TransportLike, playbook, sg, host: str):
+    if not playbook.patchsets:
+        return None
+    from fleetspec.model.patchset import check_base, load_patchset, select_patchset as pick
+
+    folder = pick(playbook.patchsets, sg.version, host=host)
+    patchset = load_patchset(folder)
+    check_contents(patchset)
+    try:
+        check_base(patchset, sg.version, installed_hashes(t, sg.site_packages, patchset))
+    except UserError as err:
+        raise UserError(f"{host}: {err}") from None
+    return patchset
+
+
+def check_templates(pf: "Preflight") -> None:
+    """Render the drop-in once here, so a broken template is bad input (exit 2) found before the
+    host is locked or written to, not an internal error half-way through a deploy."""
+    import jinja2
+
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.release import BASELINE, Release
+    from fleetspec.ops import switching
+
+    fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
+                   sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE,
+                   exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
+                   launch=pf.launch.to_dict() if pf.launch else {})
+    try:
+        switching.dropin_text(pf, fake)
+    except jinja2.TemplateError as err:
+        where = getattr(err, "filename", None) or str(pf.root / "templates" / "fleetspec-dropin.conf.j2")
+        line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
+        raise ConfigError(where, None, f"a template that renders ({type(err).__name__}{line}: {err})") from None
+
+
+def check_contents(patchset) -> None:
+    """Every file is what the manifest says (an edit after `patchset build` is refused, not shipped)
+    and of a sane size (checked before anything is read)."""
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.patchset import FILES, sha256_file
+
+    for i, entry in enumerate(patchset.files):
+        src = patchset.source(entry)
+        size = src.stat().st_size
+        if size > MAX_PATCH_FILE:
+            raise ConfigError(patchset.manifest_path, f"files[{i}] ({entry.path})",
+                              f"a file of at most {MAX_PATCH_FILE // 2**20} MiB; {FILES}/{entry.path} is "
+                              f"{size // 2**20} MiB")
+        got = sha256_file(src)
+        if got != entry.sha256:
+            raise ConfigError(patchset.manifest_path, f"files[{i}] ({entry.path}).sha256",
+                              f"the sha256 of {FILES}/{entry.path}, which is now {got} (changed since the patch set "
+                              f"was built; rebuild it with fleetspec patchset build)")
+
+
+def _payload_bytes(patchset, kernels) -> int:
+    total = sum(patchset.source(f).stat().st_size for f in patchset.files) if patchset else 0
+    for kernel in kernels:
+        total += kernel.path.stat().st_size
+    return total
+
+
+def installed_hashes(t: TransportLike, site_packages: str, patchset) -> dict[str, str]:
+    """sha256 of each of the patch set's paths as installed on the host (absent ones omitted)."""
+    paths = {f"{site_packages}/{f.path}": f.path for f in patchset.files}
+    got = files.sha256_map(t, paths)
+    return {paths[p]: digest for p, digest in got.items() if p in paths}
+
+
+def load_kernels(playbook, torch_facts, host: str) -> list:
+    """For each kernel folder, the build matching the host's ABI facts (torch, python, CUDA or cpu,
+    C++ ABI, GPU arch); none matching is refused whatever the kernel_policy, naming both sides and
+    the command that builds it. The policy decides what a library that then does not load means:
+    required fails the smoke tests, optional falls back to torch with a note."""
+    if not playbook.kernels:
+        return []
+    from fleetspec.model.kernel import find_built_kernel
+
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.kernel import KERNEL_JSON
+    from fleetspec.model.patchset import sha256_file
+
+    out = []
+    for folder in playbook.kernels:
+        kernel = find_built_kernel(folder, torch_facts, host=host)
+        if sha256_file(kernel.path) != kernel.sha256:     # here, not half-way through staging
+            raise ConfigError(kernel.spec.root / KERNEL_JSON, "build.sha256",
+                              f"the sha256 of {kernel.library_file} (it changed since the build)")
+        out.append(kernel)
+    return out
+
+
+def kernel_facts(torch_facts, gpus) -> dict:
+    """The ABI facts a kernel build must match: the torch fact's, plus the GPUs' compute
+    capabilities from nvidia-smi (a CUDA build must carry code for each)."""
+    from fleetspec.model.kernel import host_abi
+
+    facts = host_abi(torch_facts) if torch_facts is not None else {"torch": None}
+    caps = sorted({g.compute_cap for g in getattr(gpus, "gpus", []) or [] if getattr(g, "compute_cap", None)})
+    if caps:
+        facts["gpu_arch"] = tuple(caps)
+    return facts
+
+
+def check_disk(host: Host, disk, patchset, kernels: list) -> None:
+    """Room under the state root for the uploaded objects, then their copies in the release."""
+    need = MIN_FREE_BYTES + 2 * _payload_bytes(patchset, kernels)
+    if disk is not None and getattr(disk, "free_bytes", None) is not None and disk.free_bytes < need:
+        raise UserError(f"{host.name}: only {disk.free_bytes // 2**20} MiB free under /var/lib; "
+                        f"need {need // 2**20} MiB")
+
+
+def check_gpus(host: Host, gpus) -> list[str]:
+    """The GPUs the inventory promises are there (nvidia-smi). A host without nvidia-smi is
+    refused unless its inventory says `extra.require_gpus: false` (CPU test hosts)."""
+    want = host.vars.gpu_count
+    if gpus is None or not gpus.present:
+        if host.vars.extra.get("require_gpus", True):
+            raise UserError(f"{host.name}: no nvidia-smi on the host, but it should have "
+                            f"{want or 'its'} GPUs (set vars.extra.require_gpus: false in "
+                            f"{host.inventory_path} for a host without GPUs)")
+        return [f"{host.name}: no GPU on this host (require_gpus: false); GPU health not checked"]
+    if want is not None and len(gpus.gpus) < want:
+        raise UserError(f"{host.name}: nvidia-smi shows {len(gpus.gpus)} GPU(s), the inventory says {want}")
+    return []
+
+
+def check_paths(t: TransportLike, host: Host, playbook: Playbook) -> None:
+    paths = [p for p in (host.vars.model_path, host.vars.draft_model_path) if p]
+    if not paths:
+        return
+    missing = files.missing_paths(t, paths)
+    if missing:
+        raise UserError(f"{host.name}: model path {missing[0]} does not exist on the host "
+                        f"(vars in {host.inventory_path})")

@@ -1,0 +1,58 @@
+"""What a host connection returns, and the interface ops/ and the fact layer program against.
+
+`TransportLike` is the typed parameter every remote function takes (`t`): the real
+`transport.Transport`, or a test's stand-in with the same methods.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+
+@dataclass
+class CommandResult:
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    stdout_bytes: bytes = field(default=b"", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass
+class HttpResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return jsonlib.loads(self.body.decode("utf-8"))
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+class TransportLike(Protocol):
+    """A connection to one host: commands, atomic file transfer, HTTP to its loopback."""
+
+    @property
+    def name(self) -> str: ...
+
+    def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
+            stdin: bytes | None = None) -> CommandResult: ...
+
+    def run_script(self, script: str, timeout: float | None = None, check: bool = False,
+                   stdin: bytes | None = None) -> CommandResult: ...
+
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o644, durable: bool = True) -> None: ...
+
+    def get_bytes(self, path: str) -> bytes: ...
+
+    def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
+             headers: dict[str, str] | None = None) -> HttpResponse: ...

@@ -1,0 +1,79 @@
+"""Host keys: checked against the inventory's known_hosts (a changed key always refused, an
+unknown one only trusted under accept-new), and the client keys offered to the host."""
+
+from __future__ import annotations
+
+import os
+import threading
+from base64 import b64encode
+from hashlib import sha256
+from pathlib import Path
+
+import paramiko
+
+from fleetspec.errors import RemoteError
+from fleetspec.model.inventory import Host
+
+
+class HostKeyError(RemoteError):
+    """A host key that is unknown (and not to be trusted) or changed; never retried."""
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    return "SHA256:" + b64encode(sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+def _known_hosts_lines(path: Path) -> paramiko.HostKeys:
+    keys = paramiko.HostKeys()
+    if path.is_file():
+        try:
+            keys.load(str(path))
+        except (OSError, paramiko.SSHException) as err:
+            raise HostKeyError(f"cannot read known_hosts {path}: {err}") from None
+    return keys
+
+
+def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path | None, accept_new: bool) -> None:
+    """Refuse a changed key always; an unknown one unless accept_new (then record it)."""
+    if known_hosts is None:
+        raise HostKeyError(f"{label}: no known_hosts file configured in the inventory; refusing {name}")
+    keys = _known_hosts_lines(known_hosts)
+    entry = keys.lookup(name)
+    if entry:
+        known = entry.get(key.get_name())
+        if known is not None and known.asbytes() == key.asbytes():
+            return
+        if known is not None or len(entry):
+            raise HostKeyError(
+                f"{label}: host key for {name} CHANGED (now {key.get_name()} {fingerprint(key)}), "
+                f"not what {known_hosts} records; refusing to connect")
+    if not accept_new:
+        raise HostKeyError(
+            f"{label}: unknown host key for {name} ({key.get_name()} {fingerprint(key)}) not in {known_hosts}; "
+            f"use host_key_policy: accept-new or --accept-new-host-key to trust it")
+    known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with _KH_LOCK:
+        fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+_KH_LOCK = threading.Lock()
+
+
+def _load_keys(host: Host) -> list[paramiko.PKey]:
+    """The inventory's key; without one, the agent's keys then ~/.ssh/id_* (as ssh would)."""
+    if host.ssh_key is not None:
+        try:
+            return [paramiko.PKey.from_path(host.ssh_key)]
+        except (OSError, paramiko.SSHException, ValueError) as err:
+            raise RemoteError(f"{host.name}: cannot load ssh key {host.ssh_key}: {err}") from None
+    keys: list[paramiko.PKey] = list(paramiko.Agent().get_keys())
+    for name in ("id_ed25519", "id_ecdsa", "id_rsa"):
+        p = Path.home() / ".ssh" / name
+        if p.is_file():
+            try:
+                keys.append(paramiko.PKey.from_path(p))
+            except (paramiko.SSHException, ValueError, OSError):
+                continue
+    return keys

@@ -1,0 +1,41 @@
+"""Observers of every remote action (`-v/--verbose`), and the redaction applied before they see it."""
+
+from __future__ import annotations
+
+import re
+import time
+
+# Observers of every remote action (`-v/--verbose`): fn(host, what, seconds, outcome). The one hook
+# sits here, in the one SSH place, so nothing fleetspec runs on a host escapes it.
+_OBSERVERS: list = []
+_SECRET_WORDS = re.compile(
+    r"(?i)((?:--)?[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|passwd)[A-Za-z0-9_]*[\"']?(?:=|\s+|:\s*))"
+    r"(?:'[^']*'|\"[^\"]*\"|\S+)")
+
+
+def add_observer(fn) -> None:
+    """Call fn(host_name, shown_command, seconds, outcome) after each command or HTTP request."""
+    _OBSERVERS.append(fn)
+
+
+def remove_observer(fn) -> None:
+    if fn in _OBSERVERS:
+        _OBSERVERS.remove(fn)
+
+
+def redact(text: str) -> str:
+    """Values after secret-looking names (--api-key X, SGLANG_API_KEY=X, Authorization: …) hidden."""
+    text = re.sub(r"(?i)(authorization:\s*)(?:bearer\s+|basic\s+)?[^\s'\"]+", r"\1***", text)
+    return _SECRET_WORDS.sub(lambda m: m.group(1) + "***", text)
+
+
+def _observe(host: str, what: str, began: float, outcome: str) -> None:
+    if not _OBSERVERS:
+        return
+    seconds = time.monotonic() - began
+    shown = redact(what)
+    for fn in list(_OBSERVERS):
+        try:
+            fn(host, shown, seconds, outcome)
+        except Exception:  # noqa: BLE001 - a broken observer must not break a deploy
+            pass
