@@ -17,7 +17,7 @@ FLEETSPEC_VARS = ("python", "service", "api_port", "model_path", "draft_model_pa
 CONNECTION = ("known_hosts", "host_key_policy", "connect_timeout", "command_timeout", "jump", "ssh_key", "user", "port")
 
 
-def _text(path: Path, name: str, key: str, value: Any) -> str:
+def _text(path: Path, name: str, key: str, value: object) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(path, f"{name}.{key}", f"expected a string, got {type(value).__name__}")
     value = str(value)
@@ -46,7 +46,8 @@ def _proxy_jump(path: Path, name: str, args: str) -> str | None:
     return m[1] if m else None
 
 
-def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dict, overlay: dict) -> dict:
+def _host_entry(path: Path, name: str, v: dict[str, Any], in_groups: list[str], depth: dict[str, Any],
+                overlay: dict[str, Any]) -> dict[str, Any]:
     """One host in fleetspec's own inventory shape, from its merged Ansible vars."""
     entry = _connection(path, name, v)
     hvars, extra = _fleetspec_vars(path, name, v, entry)
@@ -66,7 +67,7 @@ def _host_entry(path: Path, name: str, v: dict, in_groups: list[str], depth: dic
     return entry
 
 
-def _connection(path: Path, name: str, v: dict) -> dict[str, Any]:
+def _connection(path: Path, name: str, v: dict[str, Any]) -> dict[str, Any]:
     """address, port, user, ssh_key and jump from the ansible_* connection vars (SSH only)."""
     entry: dict[str, Any] = {}
     conn_keys = {"address": ("ansible_host", "ansible_ssh_host"), "port": ("ansible_port", "ansible_ssh_port"),
@@ -91,7 +92,8 @@ def _connection(path: Path, name: str, v: dict) -> dict[str, Any]:
     return entry
 
 
-def _fleetspec_vars(path: Path, name: str, v: dict, entry: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+def _fleetspec_vars(path: Path, name: str, v: dict[str, Any],
+                    entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(vars, extra) from ansible_python_interpreter and the fleetspec_* vars; connection keys go to `entry`."""
     hvars: dict[str, Any] = {}
     extra: dict[str, Any] = {}
@@ -118,8 +120,8 @@ def _fleetspec_vars(path: Path, name: str, v: dict, entry: dict) -> tuple[dict[s
     return hvars, extra
 
 
-def _apply_overlay(overlay: dict, name: str, in_groups: list[str], depth: dict, entry: dict, hvars: dict,
-                   extra: dict) -> None:
+def _apply_overlay(overlay: dict[str, Any], name: str, in_groups: list[str], depth: dict[str, Any],
+                   entry: dict[str, Any], hvars: dict[str, Any], extra: dict[str, Any]) -> None:
     """The <stem>.fleetspec.yaml beside the inventory: its defaults, then vars by group depth, then the host's."""
     src = overlay["_path"]
     for key, value in (overlay.get("defaults") or {}).items():

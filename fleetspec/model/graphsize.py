@@ -11,7 +11,7 @@ stops at preflight, `keep` leaves it (the default; said in the plan).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fleetspec.errors import UserError
@@ -26,7 +26,7 @@ GRAPH_BS_DESTS = ("cuda_graph_max_bs", "cuda_graph_max_bs_decode")
 SGLANG_DEFAULT_BS = 160
 DRAFT_TOKENS = "speculative_num_draft_tokens"
 # How many tokens per request a verify pass takes, from the flag that sets it.
-WIDTH_OF = {"speculative_ddtree_budget": lambda v: int(v) + 1,      # root + budget nodes (ddtree_utils)
+WIDTH_OF: dict[str, Callable[[str], int]] = {"speculative_ddtree_budget": lambda v: int(v) + 1,      # root + budget nodes (ddtree_utils)
             DRAFT_TOKENS: int}
 
 
@@ -39,9 +39,9 @@ class GraphSizing:
 def _item(tokens: Sequence[str], table: OptionTable) -> tuple[str | None, str | None, bool]:
     """(dest, value, written with `=`) of one whole item, resolved as argparse resolves it."""
     found = table.resolve(tokens[0]) if tokens and tokens[0].startswith("-") else None
-    if not found or found[2] != "ok":
+    option, explicit, verdict = found if found else (None, None, "")
+    if option is None or verdict != "ok":
         return None, None, False
-    option, explicit, _ = found
     value = explicit if explicit is not None else (tokens[1] if len(tokens) > 1 else None)
     return table.options[option][0], value, explicit is not None
 

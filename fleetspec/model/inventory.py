@@ -190,7 +190,7 @@ def load_inventory(path: str | Path) -> Inventory:
     return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
 
 
-def _groups(groups_f: Fields, raw_hosts, path: Path) -> dict[str, tuple[str, ...]]:
+def _groups(groups_f: Fields, raw_hosts: Mapping[str, Any], path: Path) -> dict[str, tuple[str, ...]]:
     """Each group's members, each a host under hosts (`all` is Ansible's, not a name here)."""
     groups: dict[str, tuple[str, ...]] = {}
     for gname, members in groups_f.data.items():
@@ -206,8 +206,8 @@ def _groups(groups_f: Fields, raw_hosts, path: Path) -> dict[str, tuple[str, ...
     return groups
 
 
-def _group_vars(group_vars_f: Fields, groups: dict) -> dict[str, dict]:
-    group_vars: dict[str, dict] = {}
+def _group_vars(group_vars_f: Fields, groups: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, Any]]:
+    group_vars: dict[str, dict[str, Any]] = {}
     for gname in group_vars_f.data:
         if gname not in groups:
             group_vars_f.fail(str(gname), "no such group under groups")
@@ -218,7 +218,8 @@ def _group_vars(group_vars_f: Fields, groups: dict) -> dict[str, dict]:
     return group_vars
 
 
-def _hosts(hosts_f: Fields, raw_hosts, groups: dict, group_vars: dict, base: dict, base_vars: dict,
+def _hosts(hosts_f: Fields, raw_hosts: Mapping[str, Any], groups: Mapping[str, tuple[str, ...]],
+           group_vars: dict[str, dict[str, Any]], base: dict[str, Any], base_vars: dict[str, Any],
            path: Path) -> dict[str, Host]:
     """Each host, its vars merged: defaults, then its groups' vars in order, then its own."""
     hosts: dict[str, Host] = {}
@@ -287,7 +288,7 @@ def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str,
     return out
 
 
-def _become(f: Fields, base: dict, user: str) -> str:
+def _become(f: Fields, base: dict[str, Any], user: str) -> str:
     """`sudo` (`sudo -n`, never a password) is the default for every user but root; fleetspec's
     files on a host are root's, so a non-root user with `become: none` could change nothing."""
     default = "none" if user == "root" else "sudo"

@@ -78,7 +78,7 @@ class Kernel:
                               f"the sha256 of {self.library_file} (it changed since the build)")
         return {self.library_file: data}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**_spec_json(self.spec), "build": {
             "python_tag": self.abi.python_tag, "torch": self.abi.torch, "cuda": self.abi.cuda,
             "cxx11_abi": self.abi.cxx11_abi, "platform": self.abi.platform,
@@ -86,12 +86,12 @@ class Kernel:
             "sha256": self.sha256, "source_sha256": self.source_sha256}}
 
 
-def _spec_json(spec: KernelSpec) -> dict:
+def _spec_json(spec: KernelSpec) -> dict[str, Any]:
     return {"name": spec.name, "library": spec.library, "ops": list(spec.ops),
             "sources": list(spec.sources), "cuda_sources": list(spec.cuda_sources)}
 
 
-def _read(folder: Path) -> tuple[Path, dict]:
+def _read(folder: Path) -> tuple[Path, dict[str, Any]]:
     path = Path(folder) / KERNEL_JSON
     try:
         data = json.loads(path.read_text())
@@ -104,7 +104,7 @@ def _read(folder: Path) -> tuple[Path, dict]:
     return path, data
 
 
-def _names(path: Path, data: dict, key: str, required: bool) -> tuple[str, ...]:
+def _names(path: Path, data: dict[str, Any], key: str, required: bool) -> tuple[str, ...]:
     value = data.get(key, [] if not required else None)
     if not isinstance(value, list) or (required and not value) or not all(
             isinstance(v, str) and v and "/" not in v and not v.startswith(".") for v in value):
@@ -140,7 +140,7 @@ def load_kernel(folder: Path | str) -> Kernel:
     return kernel
 
 
-def _fact(facts: Any, *names: str, default=None):
+def _fact(facts: Any, *names: str, default: Any = None) -> Any:
     for name in names:
         value = facts.get(name) if isinstance(facts, Mapping) else getattr(facts, name, None)
         if value is not None:
@@ -148,7 +148,7 @@ def _fact(facts: Any, *names: str, default=None):
     return default
 
 
-def host_abi(facts: Any) -> dict:
+def host_abi(facts: Any) -> dict[str, Any]:
     """Normalise host facts (the torch fact's TorchInfo, or a dict) to the fields a kernel records."""
     return {
         "python_tag": _fact(facts, "python_tag"),
@@ -261,7 +261,7 @@ def find_built_kernel(source: Path | str, host_facts: Any, cache: Path | None = 
 _BUILDERS = ("build_kernel", "build_kernel_offline", "local_abi", "cached_build", "record_build")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _BUILDERS:
         from fleetspec.model import kernel_build
 

@@ -13,8 +13,7 @@ import tempfile
 from pathlib import Path
 
 from fleetspec.errors import ConfigError, UserError
-from fleetspec.model.kernel import (KERNEL_CACHE, KERNEL_JSON, Abi, Kernel, KernelSpec, cache_key, load_kernel,
-                                    load_spec)
+from fleetspec.model.kernel import KERNEL_CACHE, KERNEL_JSON, Abi, Kernel, KernelSpec, cache_key, load_kernel, load_spec
 
 
 def cached_build(spec: KernelSpec, abi: Abi, cache: Path) -> Kernel | None:
@@ -66,8 +65,11 @@ def local_abi(cuda_build: bool, arch: str | None = None) -> Abi:
         else:
             major, minor = torch.cuda.get_device_capability()
             arch_list = (f"{major}.{minor}",)
-    return Abi(python_tag="cp%d%d" % sys.version_info[:2], torch=torch.__version__,
-               cuda=torch.version.cuda if cuda_build else "cpu",
+    cuda = torch.version.cuda if cuda_build else "cpu"
+    if cuda is None:
+        raise UserError(f"a CUDA kernel build needs a torch built with CUDA; {sys.executable} has torch "
+                        f"{torch.__version__} without it")
+    return Abi(python_tag="cp%d%d" % sys.version_info[:2], torch=torch.__version__, cuda=cuda,
                cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
                platform=sysconfig.get_platform().replace("-", "_").replace(".", "_"), arch_list=arch_list)
 

@@ -127,6 +127,7 @@ def _option_item(args: list[str], i: int, table: OptionTable) -> Item:
         raise LaunchRefused(f"a command with the option {token.split('=', 1)[0]!r}",
                             f"sglang {table.version}'s parser does not know it (the service could "
                             f"not start with it on this version)", "fix the ExecStart first")
+    assert option is not None  # the verdict is "ok"
     dest, nargs = table.options[option]
     j = i + 1
     if explicit is not None:

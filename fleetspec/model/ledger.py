@@ -15,7 +15,6 @@ from typing import Any, Iterable
 from fleetspec.model.names import is_name
 
 
-
 class ReleaseStatus(StrEnum):
     """A release's status (`"kind": "status"` lines), in the order a healthy deploy goes through
     them. The values are the ledger's words on disk; a member compares equal to its word."""

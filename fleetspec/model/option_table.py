@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TABLES = Path(__file__).parent / "sglang_options"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -27,13 +28,13 @@ class OptionTable:
     required: tuple[str, ...] = ()           # dests argparse insists on (--model-path)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "OptionTable":
+    def from_dict(cls, data: dict[str, Any]) -> "OptionTable":
         return cls(version=data["version"], options={k: (v[0], v[1]) for k, v in data["options"].items()},
                    allow_abbrev=bool(data.get("allow_abbrev", True)),
                    negative_number_optionals=bool(data.get("negative_number_optionals", False)),
                    required=tuple(data.get("required", ())))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "allow_abbrev": self.allow_abbrev,
                 "negative_number_optionals": self.negative_number_optionals, "required": list(self.required),
                 "options": {k: list(v) for k, v in sorted(self.options.items())}}
@@ -69,7 +70,8 @@ class OptionTable:
         if token.startswith("--"):
             if not self.allow_abbrev:
                 return []
-            prefix, explicit = (token.split("=", 1) + [None])[:2] if "=" in token else (token, None)
+            prefix, eq, value = token.partition("=")
+            explicit = value if eq else None
             for opt in self.options:
                 if opt.startswith(prefix):
                     out.append((opt, explicit))
