@@ -233,13 +233,13 @@ class Deploy:
         return {}
 
     def _restart(self) -> dict:
-        self.restarts_before = switching.restart(self.t, self.service)
-        return {"n_restarts_before": self.restarts_before}
+        self.restarted = switching.restart(self.t, self.service)
+        return {"n_restarts_before": self.restarted.n_restarts}
 
     def _probes(self) -> dict:
         spec = self.pf.probe_spec(self.pf.playbook_algorithm)
         began = time.monotonic()
-        result = probes.wait_healthy(self.t, self.service, spec, since_restarts=self.restarts_before,
+        result = probes.wait_healthy(self.t, self.service, spec, since=self.restarted,
                                      progress=self._progress)
         self.engine_wait += time.monotonic() - began
         self._progress(None)

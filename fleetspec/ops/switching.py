@@ -411,15 +411,11 @@ def restore_baseline_files(t, baseline) -> None:
             t.put_bytes(data, path, mode=baseline.modes.get(path, default) & 0o7777)
 
 
-def restart(t, service: str) -> int | None:
-    """Restart and return NRestarts from before, so probes can see a crash loop. The exit code
-    of `systemctl restart` is not trusted (a crashing unit still returns 0)."""
-    from fleetspec.remote.facts import systemd as systemd_fact
+def restart(t, service: str):
+    """Restart (one command) and return the state from before, for the readiness wait."""
+    from fleetspec.remote import systemd
 
-    before = systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout).n_restarts
-    t.run_script(f"systemctl reset-failed -- {q(service)} 2>/dev/null; systemctl restart --no-block -- {q(service)}",
-                 timeout=120, check=False)
-    return before
+    return systemd.restart(t, service)
 
 
 def journal_tail(t, service: str, lines: int = 20) -> list[str]:
@@ -440,7 +436,7 @@ def revert_to(t, state: HostState, host, root: Path, baseline, previous: str | N
         activate(t, state, release)
         expected = expected_algorithm(root, release.algo)
     before = restart(t, state.service)
-    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), since_restarts=before,
+    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), since=before,
                                progress=progress)
 
 
