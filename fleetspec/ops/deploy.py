@@ -60,6 +60,7 @@ class DeployOutcome:
     seconds: float = 0.0
     engine_wait_s: float = 0.0
     exit_code: int = 0
+    revert_wait_s: float = 0.0         # a failed deploy's revert: the previous state's restart and load
     step_seconds: dict = field(default_factory=dict)
     previous: str | None = None        # what the service ran before this deploy: a release id or "baseline"
     kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
@@ -275,6 +276,7 @@ class Deploy:
         self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
         self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+        began = time.monotonic()
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
             result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
@@ -282,6 +284,8 @@ class Deploy:
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
+        self.step_seconds["revert"] = round(time.monotonic() - began, 3)
+        self.revert_wait = result.waited_s
         if not result.ok:
             self.state.record(L.Entry.step(self.release_id, "revert", "failed", reason=result.reason))
             return self._outcome("needs_attention", failure=failure, exit_code=3,
@@ -333,6 +337,7 @@ class Deploy:
         if command:
             out.evidence["command"] = command
         out.step_seconds = dict(self.step_seconds)
+        out.revert_wait_s = round(getattr(self, "revert_wait", 0.0), 2)
         out.previous = (self.previous or BASELINE) if getattr(self, "previous_known", False) else None
         out.kernel = dict(getattr(self, "kernel", {}))
         if self.pf is not None:
