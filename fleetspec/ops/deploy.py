@@ -106,7 +106,7 @@ class Deploy:
                     self.step("smoke", self._smoke)
                     self.step("render", self._render)
                     self.step("measure", self._measure_before)
-                    self.step("switch", self._switch)
+                    self.step("switch", self._switch, lead_in=True)
                     self.step("restart", self._restart)
                     self.step("probes", self._probes)
                     self.step("gates", self._gates)
@@ -119,16 +119,21 @@ class Deploy:
                         return self._outcome("failed", failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
+                self.state.flush()
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
         return self._outcome("healthy")
 
     # Step machinery -------------------------------------------------------------------------
-    def step(self, name: str, fn: Callable[[], dict | None]) -> None:
+    def step(self, name: str, fn: Callable[[], dict | None], lead_in: bool = False) -> None:
+        """Run one step between its ledger lines. Its "ok" line travels with the next line
+        recorded (the next step's "started", which is written before that step's work);
+        `lead_in`: the step's first act is a ledger line, so its "started" travels with that."""
         if self.req.pause_at == name:
             self._pause(name)
+        started = L.Entry.step(self.release_id, name, "started")
+        self.state.defer(started) if lead_in else self.state.record(started)   # may carry the last step's "ok"
         self.current_step = name
-        self.state.record(L.Entry.step(self.release_id, name, "started"))
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
         try:
@@ -151,13 +156,14 @@ class Deploy:
             raise StepFailed(name, reason, {"traceback": trace}) from err
         finally:
             self.step_seconds[name] = round(time.monotonic() - began, 3)
-        self.state.record(L.Entry.step(self.release_id, name, "ok", seconds=self.step_seconds[name], **detail))
+        self.state.defer(L.Entry.step(self.release_id, name, "ok", seconds=self.step_seconds[name], **detail))
 
     def _pause(self, name: str) -> None:
         """Test hook (FLEETSPEC_PAUSE_AT): announce the step and wait to be killed or continued."""
         import os
         import signal
 
+        self.state.flush()     # a kill here must find the ledger as a deploy without pauses leaves it
         print(f"FLEETSPEC-PAUSED {name} {os.getpid()}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -197,7 +203,7 @@ class Deploy:
     def _stage(self) -> dict:
         self.release = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
                                        mode=self.req.mode, echo=self.echo)
-        self._mark(L.STAGED)
+        self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line
         return {"files": len(self.release.files), "kernels": len(self.release.kernels),
                 "sent_bytes": switching.LAST_SENT.get(self.host.name, 0)}
 

@@ -30,6 +30,7 @@ from fleetspec.remote.facts import model_config as model_fact
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import torch as torch_fact
+from fleetspec.remote.facts import unit_files as unit_files_fact
 from fleetspec.remote.facts import unitfile
 
 q = shlex.quote
@@ -205,11 +206,11 @@ def run(t, req, echo=print) -> Preflight:
     state = HostState(t, host.name, service)
     check_secret_env(host, playbook)           # before the host is even contacted
 
-    unit = gather_unit(t, service)
+    unit, files_fact = gather_unit_and_files(t, service)
     if unit.load_state != "loaded" or not unit.fragment_path:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
                         f"check vars.service in {host.inventory_path}")
-    unit_bytes, dropins, dropin_texts = read_unit_files(t, unit)
+    unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
     check_orphan_dropin(state, unit, host)
     try:
         command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
@@ -273,13 +274,25 @@ def gather_unit(t, service: str):
     return systemd_fact.parse(t.run_script(systemd_fact.command(service), timeout=30, check=True).stdout)
 
 
-def read_unit_files(t, unit) -> tuple[bytes, dict[str, bytes], list[str]]:
-    unit_bytes = t.get_bytes(unit.fragment_path)
+def gather_unit_and_files(t, service: str):
+    """The unit's state and the bytes of its files, in one round trip (no SFTP session)."""
+    unit, files_fact = facts.gather_many(t, [(systemd_fact, {"service": service}),
+                                             (unit_files_fact, {"service": service})], errors="raise")
+    return unit, files_fact
+
+
+def read_unit_files(t, unit, files_fact=None) -> tuple[bytes, dict[str, bytes], list[str]]:
+    """The unit's and the operator's drop-ins' bytes, in systemd's order; from `files_fact` (the
+    unit_files fact) where it holds them, else read over SFTP (a path the fact's shell loop split)."""
+    have = dict(files_fact.dropins) if files_fact is not None else {}
+    if files_fact is not None and files_fact.fragment_path == unit.fragment_path and files_fact.unit_bytes is not None:
+        have[unit.fragment_path] = files_fact.unit_bytes
+    unit_bytes = have[unit.fragment_path] if unit.fragment_path in have else t.get_bytes(unit.fragment_path)
     dropins, texts = {}, []
     for path in unit.dropin_paths:
         if is_ours(path):
             continue
-        data = t.get_bytes(path)
+        data = have[path] if path in have else t.get_bytes(path)
         texts.append(data.decode(errors="replace"))
         dropins[path] = data
     return unit_bytes, dropins, texts
