@@ -281,8 +281,8 @@ class Deploy:
         """Put the previous good state back, prove it healthy, and say what failed and why."""
         self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
         self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
-        self._mark(L.FAILED, step=failure.step, reason=failure.reason)
-        began = time.monotonic()
+        self.state.defer(L.Entry.status(self.release_id, L.FAILED, step=failure.step, reason=failure.reason))
+        began = time.monotonic()   # the FAILED line travels with "revert started", before any change
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", "started", to=self.previous or BASELINE))
             result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
@@ -298,7 +298,7 @@ class Deploy:
                                  reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
                                  command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
                                          f"{self.state.layout.release(self.release_id)}/rollback.sh)")
-        self.state.record(L.Entry.step(self.release_id, "revert", "ok"))
+        self.state.defer(L.Entry.step(self.release_id, "revert", "ok"))
         self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
         return self._outcome("rolled_back", failure=failure, exit_code=1)
 
