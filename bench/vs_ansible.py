@@ -71,7 +71,7 @@ def playbook_vars(health_retries: int) -> tuple[dict, dict]:
     common = f"-F /dev/null -o UserKnownHostsFile={lab_ssh / 'known_hosts'} -o StrictHostKeyChecking=yes"
     entry = lambda h: {"ansible_host": h.address, "ansible_user": "root",  # noqa: E731
                        "ansible_ssh_private_key_file": str(lab_ssh / "id_ed25519"),
-                       "ansible_ssh_common_args": common, "ansible_python_interpreter": "auto_silent",
+                       "ansible_ssh_common_args": common, "ansible_python_interpreter": h.vars.python,
                        "service": h.vars.service, "port": h.vars.api_port}
     inventory = {"all": {"children": {"bench": {"hosts": {HOST: entry(hosts[HOST])}},
                                       "others": {"hosts": {OTHER: entry(hosts[OTHER])}}}}}
@@ -107,6 +107,7 @@ def main() -> int:
     def need(result, rc: int, what: str) -> float:
         if result[0] != rc:
             raise SystemExit(f"{what}: exit {result[0]}, expected {rc}:\n{result[2]}")
+        print(json.dumps({"what": what, "s": round(result[1], 2)}), flush=True)
         return result[1]
 
     for _ in range(args.runs):
