@@ -245,20 +245,12 @@ def render_release(t, pf, state: HostState, release: Release) -> dict:
 
 def lint_unit(t, pf, dropin: str) -> str:
     """systemd-analyze verify on a scratch copy of the unit with the new drop-in, where present."""
-    have = t.run_script("command -v systemd-analyze >/dev/null", timeout=30, check=False).rc == 0
-    if not have:
+    from fleetspec.remote import systemd
+
+    r = t.run_script(systemd.verify_script(str(pf.layout.run), pf.service, pf.unit_bytes, DROPIN_NAME, dropin.encode()),
+                     timeout=60, check=False)
+    if r.stdout.strip() == systemd.NO_ANALYZE:
         return "skipped (no systemd-analyze)"
-    # A fresh unguessable folder inside the root-only run folder: a fixed or time-based name in a
-    # shared folder can be made first by anyone, with `<svc>.d` a symlink to where root then writes.
-    scratch = t.run_script(files.scratch_dir(str(pf.layout.run)), timeout=30, check=True).stdout.strip()
-    unit = f"{scratch}/{pf.service}"
-    try:
-        t.run_script(f"mkdir -m 0700 -- {q(unit + '.d')}", timeout=30, check=True)
-        t.put_bytes(pf.unit_bytes, unit, mode=0o600, durable=False)
-        t.put_bytes(dropin.encode(), f"{unit}.d/{DROPIN_NAME}", mode=0o600, durable=False)
-        r = t.run_script(f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no -- {q(unit)}", timeout=60, check=False)
-    finally:
-        t.run_script(f"rm -rf -- {q(scratch)}", timeout=30, check=False)
     lines = (r.stderr + r.stdout).splitlines()
     bad = [line for line in lines if DROPIN_NAME in line or "ExecStart" in line or "Invalid" in line]
     ours = [line for line in lines if DROPIN_NAME in line]   # a setting systemd would ignore

@@ -93,3 +93,28 @@ def exited(unit: UnitWatch, since: Restarted | None) -> bool:
     if unit.main_start_us <= since.main_start_us:
         return False
     return unit.main_exit_us >= unit.main_start_us or unit.sub_state == "auto-restart"
+
+
+NO_ANALYZE = "__FLEETSPEC_NO_SYSTEMD_ANALYZE__"
+
+
+def verify_script(rundir: str, service: str, unit_bytes: bytes, dropin_name: str, dropin: bytes) -> str:
+    """One command: `systemd-analyze verify` of the unit with a drop-in, on a scratch copy in a
+    fresh unguessable folder inside the root-only `rundir` (removed on exit); prints NO_ANALYZE
+    where the host has no systemd-analyze. Its exit status and output are verify's."""
+    import base64
+
+    from fleetspec.remote import files
+
+    unit = f'"$s"/{shlex.quote(service)}'
+    enc = lambda data: base64.b64encode(data).decode()  # noqa: E731
+    return "\n".join([
+        f"command -v systemd-analyze >/dev/null || {{ echo {NO_ANALYZE}; exit 0; }}",
+        f"s=$({files.scratch_dir(rundir)}) || exit 1",
+        "trap 'rm -rf -- \"$s\"' EXIT",
+        "umask 077",
+        f"mkdir -m 0700 -- {unit}.d",
+        f"printf %s {shlex.quote(enc(unit_bytes))} | base64 -d > {unit}",
+        f"printf %s {shlex.quote(enc(dropin))} | base64 -d > {unit}.d/{shlex.quote(dropin_name)}",
+        f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no -- {unit}",
+    ])
