@@ -174,11 +174,12 @@ class Deploy:
     def _record_preflight(self) -> dict:
         # Again, under the lock: a deploy that got in (and died) since preflight's read-only look
         # must not become this deploy's "previous good state".
+        ledger = self.state.ledger()
         try:
-            preflight_mod.check_interrupted(self.state, self.host.name)
+            preflight_mod.check_interrupted(self.state, self.host.name, ledger)
         except NeedsAttention as err:
             raise StepFailed("preflight", str(err).split(" — run: ")[0], command=err.command) from None
-        abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id)
+        abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id, ledger)
         return dict(self.pf.summary(), abandoned=abandoned)
 
     def _baseline(self) -> dict:

@@ -340,10 +340,11 @@ def check_orphan_dropin(state: HostState, unit, host) -> None:
             f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
 
 
-def check_interrupted(state: HostState, host: str) -> None:
+def check_interrupted(state: HostState, host: str, ledger=None) -> None:
     """A deploy that died after `switch` leaves the host on a release nobody proved: refuse until
-    `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it."""
-    ledger = state.ledger()
+    `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it.
+    `ledger`: the ledger already read under the same lock (one read for this and abandon_unswitched)."""
+    ledger = ledger if ledger is not None else state.ledger()
     for rid in ledger.interrupted():
         status = ledger.releases()[rid]
         last = ledger.last_step(rid)
@@ -364,9 +365,9 @@ def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: byte
                              f"review it, then record it", f"fleetspec baseline {host} --retake")
 
 
-def abandon_unswitched(state: HostState, running: str) -> list[str]:
+def abandon_unswitched(state: HostState, running: str, ledger=None) -> list[str]:
     """Mark deploys that died before `switch` as failed: they changed nothing that runs."""
-    ledger = state.ledger()
+    ledger = ledger if ledger is not None else state.ledger()
     out = []
     for rid in ledger.interrupted():
         if rid != running and ledger.releases()[rid] != L.SWITCHED:
