@@ -234,8 +234,12 @@ def render_release(t, pf, state: HostState, release: Release) -> dict:
     text = dropin_text(pf, release)
     rdir = str(state.layout.release(release.id))
     prev_dropin = state.dropin_bytes() if release.previous != BASELINE else None
-    t.put_bytes(text.encode(), f"{rdir}/unit/{DROPIN_NAME}", mode=0o644)
-    t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755)
+    # both written, then made durable in one command (nothing uses them before `switch`)
+    t.put_bytes(text.encode(), f"{rdir}/unit/{DROPIN_NAME}", mode=0o644, durable=False)
+    t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755,
+                durable=False)
+    t.run_script(files.fsync(f"{rdir}/unit/{DROPIN_NAME}", f"{rdir}/rollback.sh", f"{rdir}/unit", rdir),
+                 timeout=60, check=True)
     if pf.guard:
         guard = _env(pf.root).get_template("fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
         t.put_bytes(guard.encode(), "/etc/systemd/system/fleetspec-guard@.service", mode=0o644)
