@@ -40,6 +40,19 @@ def fs(*args: str) -> tuple[int, float, str]:
     return timed([sys.executable, "-m", "fleetspec", "--root", str(ROOT), *args])
 
 
+def wait_healthy(hosts: list[str], timeout: float = 300) -> None:
+    """`lab up` returns once the hosts boot; their engines load after that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "status", *hosts, "--json"],
+                           capture_output=True, text=True, timeout=120)
+        rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        if len(rows) == len(hosts) and all(row.get("health") == "ok" for row in rows):
+            return
+        time.sleep(2)
+    raise SystemExit(f"lab hosts not healthy after {timeout:.0f}s: {r.stdout[-1000:]}")
+
+
 def playbook_vars(health_retries: int) -> tuple[dict, dict]:
     """What deploy.yml needs, from fleetspec's preflight of ct129 (read-only), and the Ansible
     inventory for ct129 + ct200 with the lab's key and known_hosts."""
@@ -90,6 +103,7 @@ def main() -> int:
     if not args.skip_up:
         subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
                         f"{HOST},{OTHER}"], check=True, timeout=1800)
+    wait_healthy([HOST, OTHER])
     variables, inventory = playbook_vars(args.health_retries)
     work = Path(tempfile.mkdtemp(prefix="fleetspec-vs-ansible-"))
     (work / "vars.json").write_text(json.dumps(variables))
