@@ -128,6 +128,9 @@ def main() -> int:
     if not args.skip_up:
         subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
                         f"{HOST},{OTHER}"], check=True, timeout=1800)
+    from vs_ansible import wait_healthy      # bench/ is this script's folder
+
+    wait_healthy([HOST, OTHER])
     status_s = status(args.runs)
     d = deploy_and_rollback(args.runs)
     print(json.dumps(d), flush=True)
