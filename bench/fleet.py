@@ -3,7 +3,8 @@
 For N in the sizes asked (default 1 2 4 8), with N lab hosts ct210.. cloned from ct200 (sglang 0.5.23):
   - `status --all` wall time (median of --runs),
   - `deploy --all --algo ddtree` wall time, and fleetspec's own time (wall minus the longest
-    host's time waiting for engines to load and for on-host smoke tests, which are the engine's),
+    host's wait for its engine to restart and load; the smoke step is fleetspec's own work and
+    counts as own), and the SSH commands one deploy runs on its busiest host (bench/counted.py),
   - rollback: time to recovery and fleetspec's overhead beyond the engine's restart and load,
   - bytes sent per host (the most any host got) for a first deploy (each size starts its hosts
     with no fleetspec state) and for a repeated deploy of the same patch set,
@@ -29,15 +30,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 CPU: dict[str, float] = {}   # the latest child's user+sys CPU seconds, from wait4
+COUNTS: dict[str, dict] = {}  # the latest child's remote actions per host, from bench/counted.py
 
 
 def fs(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, float, int]:
     """Run the CLI; (result, wall seconds, peak RSS in KiB of that child, from wait4)."""
-    cmd = [sys.executable, "-m", "fleetspec", "--root", str(ROOT), *args]
+    cmd = [sys.executable, str(ROOT / "bench" / "counted.py"), "--root", str(ROOT), *args]
     t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r", suffix=".json") as counts:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True,
+                                env={**os.environ, "FLEETSPEC_BENCH_COUNTS": counts.name})
         _, status, usage = os.wait4(proc.pid, 0)
+        COUNTS.clear()
+        COUNTS.update(json.loads(counts.read() or "{}"))
         proc.returncode = os.waitstatus_to_exitcode(status)
         CPU["last"] = usage.ru_utime + usage.ru_stime
         wall = time.monotonic() - t0
@@ -68,18 +74,19 @@ def measure(n: int, runs: int) -> dict:
         r, wall, _ = fs("status", *targets, "--json")
         status_walls.append(wall)
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
-    client_cpu, steps = [], []
+    client_cpu, steps, commands = [], [], []
     for i in range(runs):
         r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
         outs = json_lines(r.stdout)
         if r.returncode != 0 or len(outs) != n:
             raise SystemExit(f"deploy failed at N={n}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
-        engine = max(o["engine_wait_s"] + o["step_seconds"].get("smoke", 0) for o in outs)
+        engine = max(o["engine_wait_s"] for o in outs)
         deploy_walls.append(wall)
         own.append(wall - engine)
         steps.append({name: max(o["step_seconds"].get(name, 0.0) for o in outs)
                       for name in outs[0]["step_seconds"]})
         client_cpu.append(CPU["last"])
+        commands.append(max(c["commands"] for c in COUNTS.values()))
         rss.append(peak)
         (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs))
         r, wall, _ = fs("rollback", *hosts, "--json")
@@ -90,6 +97,7 @@ def measure(n: int, runs: int) -> dict:
             overhead.append(o["seconds"] - o["engine_wait_s"])
     return {"n": n, "status_s": statistics.median(status_walls), "deploy_s": statistics.median(deploy_walls),
             "deploy_own_s": statistics.median(own), "deploy_client_cpu_s": statistics.median(client_cpu),
+            "deploy_ssh_commands": statistics.median(commands),
             "rollback_recovery_s": statistics.median(recover),
             "rollback_overhead_s": statistics.median(overhead), "first_deploy_bytes": statistics.median(first_bytes),
             "repeat_deploy_bytes": statistics.median(repeat_bytes) if repeat_bytes else None,
@@ -119,7 +127,7 @@ def table(rows: list[dict]) -> str:
     base = rows[0]
     cols = [("N", "n", "{}"), ("status --all s", "status_s", "{:.2f}"), ("x N=1", "status_s", "ratio"),
             ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"), ("own x N=1", "deploy_own_s", "ratio"),
-            ("client CPU s", "deploy_client_cpu_s", "{:.2f}"),
+            ("client CPU s", "deploy_client_cpu_s", "{:.2f}"), ("SSH cmds/host", "deploy_ssh_commands", "{:.0f}"),
             ("rollback s", "rollback_recovery_s", "{:.1f}"), ("rollback overhead s", "rollback_overhead_s", "{:.2f}"),
             ("bytes first", "first_deploy_bytes", "{:.0f}"), ("bytes repeat", "repeat_deploy_bytes", "{}"),
             ("peak RSS MiB", "peak_rss_mib", "{}")]

@@ -91,12 +91,9 @@ def restore_baseline_files(t: TransportLike, baseline: Baseline) -> None:
             t.put_bytes(data, path, mode=baseline.modes.get(path, default) & 0o7777)
 
 
-def restart(t: TransportLike, service: str) -> int | None:
-    """Restart and return NRestarts from before, so probes can see a crash loop. The exit code
-    of `systemctl restart` is not trusted (a crashing unit still returns 0)."""
-    before = systemd.show(t, service).n_restarts
-    systemd.queue_restart(t, service)
-    return before
+def restart(t: TransportLike, service: str) -> systemd.Restarted:
+    """Restart (one command) and return the state from before, for the readiness wait."""
+    return systemd.restart(t, service)
 
 
 def journal_tail(t: TransportLike, service: str, lines: int = 20) -> list[str]:
@@ -116,7 +113,7 @@ def revert_to(t: TransportLike, state: HostState, host, root: Path, baseline: Ba
         activate(t, state, release)
         expected = expected_algorithm(root, release.algo)
     before = restart(t, state.service)
-    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), since_restarts=before,
+    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), since=before,
                                progress=progress)
 
 

@@ -71,6 +71,7 @@ class DeployOutcome:
     seconds: float = 0.0
     engine_wait_s: float = 0.0
     exit_code: int = 0
+    revert_wait_s: float = 0.0         # a failed deploy's revert: the previous state's restart and load
     step_seconds: dict = field(default_factory=dict)
     previous: str | None = None        # what the service ran before this deploy: a release id or "baseline"
     kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
@@ -115,7 +116,7 @@ class Deploy:
                     self.step("smoke", self._smoke)
                     self.step("render", self._render)
                     self.step("measure", self._measure_before)
-                    self.step("switch", self._switch)
+                    self.step("switch", self._switch, lead_in=True)
                     self.step("restart", self._restart)
                     self.step("probes", self._probes)
                     self.step("gates", self._gates)
@@ -128,16 +129,21 @@ class Deploy:
                         return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
+                self.state.flush()
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
 
     # Step machinery -------------------------------------------------------------------------
-    def step(self, name: str, fn: Callable[[], dict | None]) -> None:
+    def step(self, name: str, fn: Callable[[], dict | None], lead_in: bool = False) -> None:
+        """Run one step between its ledger lines. Its "ok" line travels with the next line
+        recorded (the next step's "started", which is written before that step's work);
+        `lead_in`: the step's first act is a ledger line, so its "started" travels with that."""
         if self.req.pause_at == name:
             self._pause(name)
+        started = L.Entry.step(self.release_id, name, L.StepState.STARTED)
+        self.state.defer(started) if lead_in else self.state.record(started)   # may carry the last step's "ok"
         self.current_step = name
-        self.state.record(L.Entry.step(self.release_id, name, L.StepState.STARTED))
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
         try:
@@ -161,14 +167,15 @@ class Deploy:
             raise StepFailed(name, reason, {"traceback": trace}) from err
         finally:
             self.step_seconds[name] = round(time.monotonic() - began, 3)
-        self.state.record(L.Entry.step(self.release_id, name, L.StepState.OK, seconds=self.step_seconds[name],
-                                       **detail))
+        self.state.defer(L.Entry.step(self.release_id, name, L.StepState.OK, seconds=self.step_seconds[name],
+                                      **detail))
 
     def _pause(self, name: str) -> None:
         """Test hook (FLEETSPEC_PAUSE_AT): announce the step and wait to be killed or continued."""
         import os
         import signal
 
+        self.state.flush()     # a kill here must find the ledger as a deploy without pauses leaves it
         print(f"FLEETSPEC-PAUSED {name} {os.getpid()}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -179,11 +186,12 @@ class Deploy:
     def _record_preflight(self) -> dict:
         # Again, under the lock: a deploy that got in (and died) since preflight's read-only look
         # must not become this deploy's "previous good state".
+        ledger = self.state.ledger()
         try:
-            preflight_mod.check_interrupted(self.state, self.host.name)
+            preflight_mod.check_interrupted(self.state, self.host.name, ledger)
         except NeedsAttention as err:
             raise StepFailed("preflight", str(err).split(" — run: ")[0], command=err.command) from None
-        abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id)
+        abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id, ledger)
         return dict(self.pf.summary(), abandoned=abandoned)
 
     def _baseline(self) -> dict:
@@ -208,7 +216,7 @@ class Deploy:
     def _stage(self) -> dict:
         self.release, sent = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
                                              mode=self.req.mode)
-        self._mark(L.STAGED)
+        self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line
         return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent}
 
     def _smoke(self) -> dict:
@@ -244,13 +252,13 @@ class Deploy:
         return {}
 
     def _restart(self) -> dict:
-        self.restarts_before = switching.restart(self.t, self.service)
-        return {"n_restarts_before": self.restarts_before}
+        self.restarted = switching.restart(self.t, self.service)
+        return {"n_restarts_before": self.restarted.n_restarts}
 
     def _probes(self) -> dict:
         spec = self.pf.probe_spec(self.pf.playbook_algorithm)
         began = time.monotonic()
-        result = probes.wait_healthy(self.t, self.service, spec, since_restarts=self.restarts_before,
+        result = probes.wait_healthy(self.t, self.service, spec, since=self.restarted,
                                      progress=self._progress)
         self.engine_wait += time.monotonic() - began
         self._progress(None)
@@ -285,7 +293,8 @@ class Deploy:
         """Put the previous good state back, prove it healthy, and say what failed and why."""
         self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
         self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
-        self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+        self.state.defer(L.Entry.status(self.release_id, L.FAILED, step=failure.step, reason=failure.reason))
+        began = time.monotonic()   # the FAILED line travels with "revert started", before any change
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
                                            to=self.previous or BASELINE))
@@ -294,13 +303,15 @@ class Deploy:
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
+        self.step_seconds["revert"] = round(time.monotonic() - began, 3)
+        self.revert_wait = result.waited_s
         if not result.ok:
             self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.FAILED, reason=result.reason))
             return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
                                  reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
                                  command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
                                          f"{self.state.layout.release(self.release_id)}/rollback.sh)")
-        self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.OK))
+        self.state.defer(L.Entry.step(self.release_id, "revert", L.StepState.OK))
         self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
         return self._outcome(Outcome.ROLLED_BACK, failure=failure, exit_code=1)
 
@@ -345,6 +356,7 @@ class Deploy:
         if command:
             out.evidence["command"] = command
         out.step_seconds = dict(self.step_seconds)
+        out.revert_wait_s = round(getattr(self, "revert_wait", 0.0), 2)
         out.previous = (self.previous or BASELINE) if getattr(self, "previous_known", False) else None
         out.kernel = dict(getattr(self, "kernel", {}))
         if self.pf is not None:

@@ -66,21 +66,34 @@ class HostState:
         self.layout = HostLayout(self.service, PurePosixPath(self.root))
         self.dropin = dropin_path(self.service)
         self.repaired: str | None = None       # said by read_baseline when it put the baseline back
+        self.pending: list[ledger_model.Entry] = []
 
     # ledger -----------------------------------------------------------------------------
-    def record(self, entry: ledger_model.Entry) -> None:
-        line = entry.to_line()
+    def defer(self, entry: ledger_model.Entry) -> None:
+        """Keep a line to travel with the next record() (one SSH command for both). Only for a
+        line whose delay changes no decision: nothing on the host changes before that record."""
+        self.pending.append(entry)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.record(None)
+
+    def record(self, entry: ledger_model.Entry | None) -> None:
+        """Append the deferred lines and `entry`, in order, in one command (each line its own
+        O_APPEND write)."""
+        entries, self.pending = [*self.pending, *([entry] if entry is not None else [])], []
+        lines = [e.to_line() for e in entries]
         if self.redact is not None:
-            line = self.redact(line)
+            lines = [self.redact(line) for line in lines]
         guard = self.lock.guard() if self.lock is not None else ""
-        r = files.append_private_line(self.t, str(self.layout.base), str(self.layout.ledger), line, guard)
+        r = files.append_private_lines(self.t, str(self.layout.base), str(self.layout.ledger), lines, guard)
         if guard:
             self.lock.check(r)                 # LockLost: nothing written, the caller stops
             if r.rc != 0:
                 detail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"exit {r.rc}"]
                 raise RemoteError(f"{self.host}: appending to {self.layout.ledger} exited {r.rc}: {detail[0][:300]}")
         if self.mirror:
-            append_private(self.mirror / "ledger.jsonl", line + "\n")
+            append_private(self.mirror / "ledger.jsonl", "".join(line + "\n" for line in lines))
 
     def ledger(self) -> ledger_model.ParsedLedger:
         return ledger_model.parse(files.read_text(self.t, str(self.layout.ledger)) or "")

@@ -29,7 +29,7 @@ from fleetspec.ops.preflight_checks import (MAX_PATCH_FILE, MIN_FREE_BYTES, aban
                                             admin_exec_start_dropins, check_contents, check_disk,
                                             check_dropin_order, check_gpus, check_interrupted, check_orphan_dropin,
                                             check_paths, check_templates, check_unit_drift, effective_argv,
-                                            gather_unit, installed_hashes, kernel_facts, load_kernels, _model_path,
+                                            gather_unit, gather_unit_and_files, installed_hashes, kernel_facts, load_kernels, _model_path,
                                             read_unit_files, select_patchset)
 from fleetspec.ops.redaction import check_secret_env, redact, secret_refs, secrets_of  # noqa: F401
 from fleetspec.remote import facts
@@ -228,11 +228,11 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path) -
     stopped service before anything is locked or written."""
     service = host.vars.service
     state = HostState(t, host.name, service)
-    unit = gather_unit(t, service)
+    unit, files_fact = gather_unit_and_files(t, service)
     if unit.load_state != "loaded" or not unit.fragment_path:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
                         f"check vars.service in {host.inventory_path}")
-    unit_bytes, dropins, dropin_texts = read_unit_files(t, unit)
+    unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
     check_orphan_dropin(state, unit, host)
     try:
         command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)

@@ -11,10 +11,13 @@ from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
-from fleetspec.remote import files, systemd
+from fleetspec.remote import facts, files, systemd
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import systemd as systemd_fact
+from fleetspec.remote.facts import unit_files as unit_files_fact
 from fleetspec.remote.facts import unitfile
 from fleetspec.remote.facts.systemd import SystemdUnit
+from fleetspec.remote.facts.unit_files import UnitFiles
 
 if TYPE_CHECKING:
     from fleetspec.ops.preflight import Preflight
@@ -27,13 +30,26 @@ def gather_unit(t: TransportLike, service: str) -> SystemdUnit:
     return systemd.show(t, service)
 
 
-def read_unit_files(t: TransportLike, unit: SystemdUnit) -> tuple[bytes, dict[str, bytes], list[str]]:
-    unit_bytes = t.get_bytes(unit.fragment_path)
+def gather_unit_and_files(t: TransportLike, service: str) -> tuple[SystemdUnit, UnitFiles]:
+    """The unit's state and the bytes of its files, in one round trip (no SFTP session)."""
+    unit, files_fact = facts.gather_many(t, [(systemd_fact, {"service": service}),
+                                             (unit_files_fact, {"service": service})], errors="raise")
+    return unit, files_fact
+
+
+def read_unit_files(t: TransportLike, unit: SystemdUnit,
+                    files_fact: UnitFiles | None = None) -> tuple[bytes, dict[str, bytes], list[str]]:
+    """The unit's and the operator's drop-ins' bytes, in systemd's order; from `files_fact` (the
+    unit_files fact) where it holds them, else read over SFTP (a path the fact's shell loop split)."""
+    have = dict(files_fact.dropins) if files_fact is not None else {}
+    if files_fact is not None and files_fact.fragment_path == unit.fragment_path and files_fact.unit_bytes is not None:
+        have[unit.fragment_path] = files_fact.unit_bytes
+    unit_bytes = have[unit.fragment_path] if unit.fragment_path in have else t.get_bytes(unit.fragment_path)
     dropins, texts = {}, []
     for path in unit.dropin_paths:
         if is_ours(path):
             continue
-        data = t.get_bytes(path)
+        data = have[path] if path in have else t.get_bytes(path)
         texts.append(data.decode(errors="replace"))
         dropins[path] = data
     return unit_bytes, dropins, texts
@@ -81,10 +97,11 @@ def check_orphan_dropin(state: HostState, unit, host) -> None:
             f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
 
 
-def check_interrupted(state: HostState, host: str) -> None:
+def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None = None) -> None:
     """A deploy that died after `switch` leaves the host on a release nobody proved: refuse until
-    `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it."""
-    ledger = state.ledger()
+    `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it.
+    `ledger`: the ledger already read under the same lock (one read for this and abandon_unswitched)."""
+    ledger = ledger if ledger is not None else state.ledger()
     for rid in ledger.interrupted():
         status = ledger.releases()[rid]
         last = ledger.last_step(rid)
@@ -105,9 +122,9 @@ def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: byte
                              f"review it, then record it", f"fleetspec baseline {host} --retake")
 
 
-def abandon_unswitched(state: HostState, running: str) -> list[str]:
+def abandon_unswitched(state: HostState, running: str, ledger: L.ParsedLedger | None = None) -> list[str]:
     """Mark deploys that died before `switch` as failed: they changed nothing that runs."""
-    ledger = state.ledger()
+    ledger = ledger if ledger is not None else state.ledger()
     out = []
     for rid in ledger.interrupted():
         if rid != running and ledger.releases()[rid] != L.SWITCHED:

@@ -65,8 +65,11 @@ def render_release(t: TransportLike, pf: Preflight, state: HostState, release: R
     text = dropin_text(pf, release)
     rdir = str(state.layout.release(release.id))
     prev_dropin = state.dropin_bytes() if release.previous != BASELINE else None
-    t.put_bytes(text.encode(), f"{rdir}/unit/{DROPIN_NAME}", mode=0o644)
-    t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755)
+    # both written, then made durable in one command (nothing uses them before `switch`)
+    t.put_bytes(text.encode(), f"{rdir}/unit/{DROPIN_NAME}", mode=0o644, durable=False)
+    t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755,
+                durable=False)
+    files.sync_paths(t, f"{rdir}/unit/{DROPIN_NAME}", f"{rdir}/rollback.sh", f"{rdir}/unit", rdir)
     if pf.guard:
         guard = _env(pf.root).get_template("fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
         t.put_bytes(guard.encode(), "/etc/systemd/system/fleetspec-guard@.service", mode=0o644)
@@ -76,19 +79,9 @@ def render_release(t: TransportLike, pf: Preflight, state: HostState, release: R
 
 def lint_unit(t: TransportLike, pf: Preflight, dropin: str) -> str:
     """systemd-analyze verify on a scratch copy of the unit with the new drop-in, where present."""
-    if not systemd.analyze_available(t):
+    r = systemd.analyze_verify(t, str(pf.layout.run), pf.service, pf.unit_bytes, DROPIN_NAME, dropin.encode())
+    if r is None:
         return "skipped (no systemd-analyze)"
-    # A fresh unguessable folder inside the root-only run folder: a fixed or time-based name in a
-    # shared folder can be made first by anyone, with `<svc>.d` a symlink to where root then writes.
-    scratch = files.make_scratch(t, str(pf.layout.run))
-    unit = f"{scratch}/{pf.service}"
-    try:
-        files.make_dirs(t, unit + ".d")
-        t.put_bytes(pf.unit_bytes, unit, mode=0o600, durable=False)
-        t.put_bytes(dropin.encode(), f"{unit}.d/{DROPIN_NAME}", mode=0o600, durable=False)
-        r = systemd.analyze_verify(t, unit)
-    finally:
-        files.rm_tree(t, scratch, timeout=30, check=False)
     lines = (r.stderr + r.stdout).splitlines()
     bad = [line for line in lines if DROPIN_NAME in line or "ExecStart" in line or "Invalid" in line]
     ours = [line for line in lines if DROPIN_NAME in line]   # a setting systemd would ignore

@@ -43,11 +43,13 @@ def stage(t: TransportLike, pf: Preflight, state: HostState, release_id: str, pr
     patch_files = pf.patch_files()          # package path -> bytes
     kernel_files = pf.kernel_files()        # file name -> bytes
     sent = upload_objects(t, state, {sha(b): b for b in [*patch_files.values(), *kernel_files.values()]})
+    # in-place mode too: the smoke tests run against the overlay before the switch; the overlay
+    # script (`set -eu`) checks each file's sha256, so copies and overlay are one command
+    then = overlay.overlay_script(pf.sglang.site_packages, f"{tmp}/patch", f"{tmp}/overlay", pf.patchset) \
+        if patch_files else None
     release_files.copy_from_store(t, tmp, str(state.layout.objects), {p: sha(b) for p, b in patch_files.items()},
-                                  {n: sha(b) for n, b in kernel_files.items()})
-    if patch_files:   # in-place mode too: the smoke tests run against the overlay before the switch
-        overlay.build_overlay(t, pf.sglang.site_packages, f"{tmp}/patch", f"{tmp}/overlay", pf.patchset)
-        _verify_hashes(t, {f"{tmp}/overlay/{p}": sha(b) for p, b in patch_files.items()})
+                                  {n: sha(b) for n, b in kernel_files.items()}, then=then)
+    if patch_files:
         _py_compile(t, pf, [f"{tmp}/overlay/{p}" for p in patch_files if p.endswith(".py")])
     release = new_release(pf, release_id, previous, mode, patch_files, kernel_files)
     secrets = pf.secret_values()
@@ -79,13 +81,6 @@ def env_file_text(values: dict[str, str]) -> str:
     def esc(v: str) -> str:
         return "".join("\\" + c if c in '\\"`$' else c for c in v)
     return "".join(f'{k}="{esc(v)}"\n' for k, v in values.items())
-
-
-def _verify_hashes(t: TransportLike, expected: dict[str, str]) -> None:
-    got = files.sha256_map(t, expected, timeout=120)
-    for path, digest in expected.items():
-        if got.get(path) != digest:
-            raise FleetspecError(f"staged file {path} has sha256 {got.get(path, 'missing')}, expected {digest}")
 
 
 def _py_compile(t: TransportLike, pf: Preflight, paths: list[str]) -> None:

@@ -183,12 +183,14 @@ def missing_from_store(t: TransportLike, store: str, digests: list[str]) -> list
     return t.run_script(missing_objects(store, digests), timeout=60, check=True).stdout.split()
 
 
-def append_private_line(t: TransportLike, folder: str, path: str, line: str, guard: str = "") -> CommandResult:
-    """Append one line (append_line) to `path` in the root-only `folder`, made if needed. A `guard`
-    (a shell test that must pass first, e.g. the lock's) makes a failure the caller's to read."""
+def append_private_lines(t: TransportLike, folder: str, path: str, lines: list[str], guard: str = "") -> CommandResult:
+    """Append lines (each its own append_line write, in order) to `path` in the root-only `folder`,
+    made if needed, in one command. A `guard` (a shell test that must pass first, e.g. the lock's)
+    makes a failure the caller's to read."""
     prefix = guard + "; " if guard else ""
+    appends = " && ".join(f"{{ {append_line(path, line)}; }}" for line in lines)
     return t.run_script(prefix + f"umask 077 && mkdir -p -- {q(folder)} && chmod 0700 -- {q(folder)} && "
-                        + append_line(path, line), timeout=30, check=not guard)
+                        + appends, timeout=30, check=not guard)
 
 
 def fresh_private_tree(t: TransportLike, parent_dir: str, tmp: str, subdirs: tuple[str, ...] = ()) -> None:
@@ -229,3 +231,8 @@ def run_python_from_root(t: TransportLike, python: str, code: str, timeout_s: in
     the root-only run folder is not needed (nothing is written)."""
     return t.run_script(f"cd / && timeout {int(timeout_s)} {q(python)} -c {q(code)}", timeout=timeout_s + 30,
                         check=False)
+
+
+def sync_paths(t: TransportLike, *paths: str, timeout: float = 60) -> None:
+    """Make several files and folders durable in one command (written with durable=False)."""
+    t.run_script(fsync(*paths), timeout=timeout, check=True)

@@ -18,16 +18,21 @@ from fleetspec.remote.systemd import DAEMON_RELOAD
 q = shlex.quote
 
 
-def copy_from_store(t: TransportLike, tmp: str, store: str, patch: dict[str, str], kernels: dict[str, str]) -> None:
+def copy_from_store(t: TransportLike, tmp: str, store: str, patch: dict[str, str], kernels: dict[str, str],
+                    then: str | None = None) -> None:
     """A fresh `tmp` with patch/, kernels/ and unit/, the files copied from the object store
-    (`patch`: package path -> sha256; `kernels`: file name -> sha256)."""
+    (`patch`: package path -> sha256; `kernels`: file name -> sha256); `then`: a script run in the
+    same command once the copies are made (the overlay script, which checks each file's sha256)."""
     lines = [f"rm -rf {q(tmp)}", f"mkdir -p {q(tmp)}/patch {q(tmp)}/kernels {q(tmp)}/unit"]
     for path, digest in sorted(patch.items()):
         dest = f"{tmp}/patch/{path}"
         lines.append(f"mkdir -p {q(str(PurePosixPath(dest).parent))} && cp {q(store + '/' + digest)} {q(dest)}")
     for name, digest in sorted(kernels.items()):
         lines.append(f"cp {q(store + '/' + digest)} {q(tmp + '/kernels/' + name)}")
-    t.run_script(" && ".join(lines), timeout=120, check=True)
+    script = " && ".join(lines)
+    if then:
+        script = f"{{ {script}; }} || exit 1\n" + then
+    t.run_script(script, timeout=300, check=True)
 
 
 def in_place_apply(release: Release, rdir: str) -> str:

@@ -146,6 +146,11 @@ def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_s
     assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"] == "rolled_back" and out["failed_step"] == failed_step, out
+    if fault == ["crash_at_start"]:   # seen when the process exits, not after systemd's RestartSec=5 restart
+        assert out["evidence"]["exit_status"] == 1 and "main process exited with status 1" in out["reason"], out
+        n_before = next(e["detail"]["n_restarts_before"] for e in ledger(lab_fleet)
+                        if e["release"] == out["release"] and e["name"] == "restart" and e["state"] == "ok")
+        assert f"NRestarts={n_before}" in out["reason"], out
     assert_on_baseline(lab_fleet, ct129)
     story = release_story(lab_fleet, out["release"])
     assert story[-3:] == ["switched", "failed", "rolled_back"], story

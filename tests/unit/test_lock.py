@@ -239,3 +239,31 @@ def _wrap_enter(before):
         before()
         return real(self)
     return enter
+
+
+def test_a_steps_ok_line_travels_with_the_next_line_in_one_command_in_order(t, tmp_path):
+    """Deferred ledger lines (Deploy.step's "ok") go out with the next record, in order, in one
+    SSH command, and into the local mirror too; flush() writes what is left."""
+    from fleetspec.remote import transport
+
+    state = _state(t, tmp_path)
+    state.mirror = tmp_path / "mirror"
+    seen = []
+    observer = lambda host, what, seconds, outcome: seen.append(what)  # noqa: E731
+    transport.add_observer(observer)
+    try:
+        state.record(L.Entry.step("R1", "stage", "started"))
+        state.defer(L.Entry.step("R1", "stage", "ok", seconds=0.1))
+        state.defer(L.Entry.status("R1", L.STAGED))
+        assert len(seen) == 1                                   # deferring sends nothing
+        state.record(L.Entry.step("R1", "smoke", "started"))
+        assert len(seen) == 2
+        state.defer(L.Entry.step("R1", "smoke", "ok"))
+        state.flush()
+        state.flush()                                           # nothing left: no command
+        assert len(seen) == 3
+    finally:
+        transport.remove_observer(observer)
+    got = [(e.name, e.state) if e.kind == "step" else ("status", e.state) for e in state.ledger().entries]
+    assert got == [("stage", "started"), ("stage", "ok"), ("status", L.STAGED), ("smoke", "started"), ("smoke", "ok")]
+    assert len((state.mirror / "ledger.jsonl").read_text().splitlines()) == 5

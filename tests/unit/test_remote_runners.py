@@ -44,9 +44,9 @@ def test_file_modes_and_private_line_append(t, tmp_path):
     os.chmod(tmp_path / "m", 0o640)
     assert files.file_modes(t, [str(tmp_path / "m"), str(tmp_path / "nope")]) == {str(tmp_path / "m"): 0o640}
     folder = tmp_path / "state"
-    r = files.append_private_line(t, str(folder), str(folder / "ledger.jsonl"), "one")
+    r = files.append_private_lines(t, str(folder), str(folder / "ledger.jsonl"), ["one"])
     assert r.ok and (folder / "ledger.jsonl").read_text() == "one\n" and (os.stat(folder).st_mode & 0o777) == 0o700
-    refused = files.append_private_line(t, str(folder), str(folder / "ledger.jsonl"), "two", guard="exit 9")
+    refused = files.append_private_lines(t, str(folder), str(folder / "ledger.jsonl"), ["two"], guard="exit 9")
     assert refused.rc == 9 and (folder / "ledger.jsonl").read_text() == "one\n"   # the guard's failure is the caller's
 
 

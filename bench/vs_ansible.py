@@ -1,0 +1,166 @@
+"""fleetspec against an idiomatic Ansible playbook doing the same job, side by side on ct129 (issue 17).
+
+bench/ansible/deploy.yml installs the same patch-set files fleetspec installs (its variables come
+from fleetspec's own preflight of ct129, so the bytes and the new ExecStart are the same), backs up
+and restores with block/rescue, and waits for /health with `until`/`retries` (--health-retries,
+one try a second). Each run does, alternating the tools so load from elsewhere hits both alike:
+deploy (no gates) and rollback, a failed deploy (lab fault crash_at_start on DDTREE) until the
+baseline is healthy again, and status of ct129 + ct200. Median of --runs; ratios are fleetspec's
+time over Ansible's. The engine is the lab's stand-in: every time here is a stand-in figure.
+
+    flock /run/lock/fleetspec-labtests.lock python3 bench/vs_ansible.py [--runs 3] [--ansible-playbook PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+HOST, OTHER = "ct129", "ct200"
+HERE = Path(__file__).resolve().parent / "ansible"
+
+
+def timed(cmd: list[str], env: dict | None = None, timeout: float = 900) -> tuple[int, float, str]:
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return r.returncode, time.monotonic() - t0, (r.stdout + r.stderr)[-3000:]
+
+
+def fs(*args: str) -> tuple[int, float, str]:
+    return timed([sys.executable, "-m", "fleetspec", "--root", str(ROOT), *args])
+
+
+def wait_healthy(hosts: list[str], timeout: float = 300) -> None:
+    """`lab up` returns once the hosts boot; their engines load after that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "status", *hosts, "--json"],
+                           capture_output=True, text=True, timeout=120)
+        rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        if len(rows) == len(hosts) and all(row.get("health") == "ok" for row in rows):
+            return
+        time.sleep(2)
+    raise SystemExit(f"lab hosts not healthy after {timeout:.0f}s: {r.stdout[-1000:]}")
+
+
+def playbook_vars(health_retries: int) -> tuple[dict, dict]:
+    """What deploy.yml needs, from fleetspec's preflight of ct129 (read-only), and the Ansible
+    inventory for ct129 + ct200 with the lab's key and known_hosts."""
+    from fleetspec import render
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.model.playbook import load_playbook_for
+    from fleetspec.ops import preflight
+    from fleetspec.ops.deploy import DeployRequest
+    from fleetspec.remote.transport import TransportPool
+
+    inv = load_inventory(ROOT / "inventory" / "lab.yaml")
+    hosts = dict(inv.hosts)
+    with TransportPool() as pool:
+        host = hosts[HOST]
+        t = pool.get(host)
+        req = DeployRequest(host=host, playbook=load_playbook_for(ROOT, "ddtree"), root=ROOT, mode="in-place",
+                            plan_only=True)
+        pf = preflight.run(t, req, echo=lambda _: None)
+        baseline_algo = json.loads(t.http("GET", host.vars.api_port, "/server_info").body)["speculative_algorithm"]
+    variables = {
+        "service": pf.service, "unit_path": pf.unit.fragment_path, "python": pf.python,
+        "site_packages": pf.sglang.site_packages, "port": host.vars.api_port,
+        "patch_files": [{"src": str(pf.patchset.source(f)), "path": f.path} for f in pf.patchset.files],
+        "exec_line": render.exec_line(pf.new_argv, pf.exec_prefix, pf.exec_path),
+        "expected_algorithm": pf.playbook_algorithm.upper(), "baseline_algorithm": str(baseline_algo).upper(),
+        "backup_dir": "/root/ansible-bench-backup", "health_retries": health_retries,
+    }
+    lab_ssh = ROOT / ".lab" / "ssh"
+    common = f"-F /dev/null -o UserKnownHostsFile={lab_ssh / 'known_hosts'} -o StrictHostKeyChecking=yes"
+    entry = lambda h: {"ansible_host": h.address, "ansible_user": "root",  # noqa: E731
+                       "ansible_ssh_private_key_file": str(lab_ssh / "id_ed25519"),
+                       "ansible_ssh_common_args": common, "ansible_python_interpreter": h.vars.python,
+                       "service": h.vars.service, "port": h.vars.api_port}
+    inventory = {"all": {"children": {"bench": {"hosts": {HOST: entry(hosts[HOST])}},
+                                      "others": {"hosts": {OTHER: entry(hosts[OTHER])}}}}}
+    return variables, inventory
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--health-retries", type=int, default=30, help="deploy.yml's /health tries, one a second")
+    ap.add_argument("--ansible-playbook", default=shutil.which("ansible-playbook") or "ansible-playbook")
+    ap.add_argument("--skip-up", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/vs_ansible.py uses the lab: run it as root, under the lab lock")
+    if not args.skip_up:
+        subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
+                        f"{HOST},{OTHER}"], check=True, timeout=1800)
+    wait_healthy([HOST, OTHER])
+    variables, inventory = playbook_vars(args.health_retries)
+    work = Path(tempfile.mkdtemp(prefix="fleetspec-vs-ansible-"))
+    (work / "vars.json").write_text(json.dumps(variables))
+    (work / "inventory.json").write_text(json.dumps(inventory))
+    env = {"ANSIBLE_PIPELINING": "1", "ANSIBLE_HOST_KEY_CHECKING": "1", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_LOCAL_TEMP": str(work / "tmp")}
+
+    def ans(play: str, limit: str | None = None) -> tuple[int, float, str]:
+        cmd = [args.ansible_playbook, "-i", str(work / "inventory.json"), "-e", f"@{work / 'vars.json'}", str(HERE / play)]
+        return timed(cmd, env)
+
+    rows: dict[str, list] = {k: [] for k in ("fs_deploy", "fs_engine", "ans_deploy", "fs_rollback", "ans_rollback",
+                                             "fs_failed", "ans_failed", "fs_status", "ans_status")}
+
+    def need(result, rc: int, what: str) -> float:
+        if result[0] != rc:
+            raise SystemExit(f"{what}: exit {result[0]}, expected {rc}:\n{result[2]}")
+        print(json.dumps({"what": what, "s": round(result[1], 2)}), flush=True)
+        return result[1]
+
+    for _ in range(args.runs):
+        r = fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+        rows["fs_deploy"].append(need(r, 0, "fleetspec deploy"))
+        rows["fs_engine"].append(json.loads(r[2].strip().splitlines()[-1])["engine_wait_s"])
+        rows["fs_rollback"].append(need(fs("rollback", HOST, "--json"), 0, "fleetspec rollback"))
+        rows["ans_deploy"].append(need(ans("deploy.yml"), 0, "ansible deploy"))
+        rows["ans_rollback"].append(need(ans("rollback.yml"), 0, "ansible rollback"))
+        rows["fs_status"].append(need(fs("status", HOST, OTHER, "--json"), 0, "fleetspec status"))
+        rows["ans_status"].append(need(ans("status.yml"), 0, "ansible status"))
+    need(fs("lab", "fault", HOST, "crash_at_start", "only_algorithm=DDTREE"), 0, "lab fault")
+    try:
+        for _ in range(args.runs):
+            rows["fs_failed"].append(need(fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json"), 1,
+                                          "fleetspec failed deploy"))
+            rows["ans_failed"].append(need(ans("deploy.yml"), 2, "ansible failed deploy"))
+    finally:
+        fs("lab", "fault", HOST, "--clear")
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(json.dumps({"medians": med, "runs": rows, "health_retries": args.health_retries}), flush=True)
+    print(table(med, args.runs))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def table(m: dict, runs: int) -> str:
+    load = m["fs_engine"]
+    lines = [f"Stand-in engine figures on ct129, median of {runs} runs each, one run of this script.", "",
+             "| task | fleetspec s | Ansible s | ratio |", "|---|---|---|---|"]
+    for label, a, b in (("deploy, no gates", "fs_deploy", "ans_deploy"), ("rollback", "fs_rollback", "ans_rollback"),
+                        ("failed deploy (crash at start) until healthy again on NEXTN", "fs_failed", "ans_failed"),
+                        ("status, 2 hosts", "fs_status", "ans_status")):
+        lines.append(f"| {label} | {m[a]:.2f} | {m[b]:.2f} | {m[a] / m[b]:.2f} |")
+    fo, ao = m["fs_deploy"] - load, m["ans_deploy"] - load
+    lines += ["", f"Deploy overhead beyond the engine's restart and load ({load:.2f} s, fleetspec's measured wait): "
+                  f"fleetspec {fo:.2f} s, Ansible {ao:.2f} s, ratio {fo / ao:.2f} (target ≤ 0.3)."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The readiness wait's crash rule (remote/systemd.exited) on the states a restart goes through.
+
+Each state is `systemctl show -p …` text as systemd 252 prints it for a Type=simple unit with
+Restart=on-failure (the lab's units); the lab test test_fault_in_new_release_reverts_to_nextn
+checks the rule against real systemd.
+"""
+
+from fleetspec.remote import systemd
+
+
+def show(active, sub, result="success", n=0, code=0, status=0, start=0, exit_=0) -> systemd.UnitWatch:
+    text = (f"ActiveState={active}\nSubState={sub}\nResult={result}\nNRestarts={n}\nExecMainCode={code}\n"
+            f"ExecMainStatus={status}\nExecMainStartTimestampMonotonic={start}\n"
+            f"ExecMainExitTimestampMonotonic={exit_}\n")
+    return systemd.parse_watch(text)
+
+
+BEFORE = systemd.Restarted(n_restarts=0, main_start_us=1_000)
+
+
+def test_the_old_process_stopping_is_not_the_new_one_crashing():
+    assert not systemd.exited(show("deactivating", "stop-sigterm", start=1_000), BEFORE)
+    assert not systemd.exited(show("inactive", "dead", code=1, status=0, start=1_000, exit_=2_000), BEFORE)
+
+
+def test_a_crash_loop_not_yet_replaced_by_the_restart_job_is_not_ours():
+    looping = show("activating", "auto-restart", "exit-code", n=3, code=1, status=1, start=900, exit_=950)
+    assert not systemd.exited(looping, systemd.Restarted(n_restarts=3, main_start_us=900 + 0))
+    assert systemd.exited(looping, None)          # no restart of ours to compare with: a crash
+
+
+def test_starting_and_running_are_not_exits():
+    assert not systemd.exited(show("activating", "start", start=3_000), BEFORE)
+    assert not systemd.exited(show("active", "running", start=3_000), BEFORE)
+
+
+def test_the_new_main_process_exiting_is_a_failure_at_once_before_any_automatic_restart():
+    crashed = show("activating", "auto-restart", "exit-code", n=0, code=1, status=1, start=3_000, exit_=4_000)
+    assert systemd.exited(crashed, BEFORE)
+    assert crashed.describe().endswith("main process exited with status 1, NRestarts=0")
+    # Restart=no: the unit just ends, Result=success for a clean exit; still not a server
+    assert systemd.exited(show("inactive", "dead", code=1, status=0, start=3_000, exit_=4_000), BEFORE)
+    killed = show("activating", "auto-restart", "signal", code=2, status=9, start=3_000, exit_=4_000)
+    assert systemd.exited(killed, BEFORE) and "killed with status 9" in killed.describe()
+
+
+def test_a_later_restart_by_systemd_or_a_failed_state_is_a_failure():
+    assert systemd.exited(show("activating", "start", n=1, start=9_000), BEFORE)
+    assert systemd.exited(show("failed", "failed", "exit-code", start=1_000), BEFORE)
+
+
+def test_restart_command_notes_the_state_in_the_same_command_and_quotes_the_name():
+    class Recorder:
+        def run_script(self, script, timeout=None, check=False):
+            self.script = script
+            return type("R", (), {"stdout": "NRestarts=2\nExecMainStartTimestampMonotonic=77\n"})()
+
+    rec = Recorder()
+    assert systemd.restart(rec, "a b.service") == systemd.Restarted(2, 77)
+    assert rec.script.startswith("systemctl show -p ActiveState,") and rec.script.count("'a b.service'") == 3
+    assert rec.script.index("systemctl show") < rec.script.index("reset-failed") < rec.script.index("restart --no-block")
