@@ -20,9 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetspec.errors import ConfigError, UserError
-from fleetspec.model import unidiff
-from fleetspec.model.patchset import (MANIFEST, WHEEL_CACHE, PatchSet, build_patchset, find_wheel,
-                                      load_patchset, read_record, sha256_file)
+from fleetspec.model import patchset, unidiff
+from fleetspec.model.patchset import (
+    MANIFEST,
+    PatchSet,
+    build_patchset,
+    find_wheel,
+    load_patchset,
+    read_record,
+    sha256_file,
+)
 
 SERIES = "series"
 ADD = "add"
@@ -143,8 +150,13 @@ def _base_file(zf: zipfile.ZipFile, record: dict[str, str], path: str, diff: Pat
     return data
 
 
-def build(folder: Path | str, wheels: Path = WHEEL_CACHE, cache: Path = PATCHSET_CACHE) -> Built:
-    """The patch set of a patches folder, from the cache when its inputs were built before."""
+def build(folder: Path | str, wheels: Path | None = None, cache: Path | None = None) -> Built:
+    """The patch set of a patches folder, from the cache when its inputs were built before.
+
+    wheels, cache: default to $FLEETSPEC_CACHE/wheels and $FLEETSPEC_CACHE/patchsets.
+    """
+    wheels = Path(wheels or patchset.WHEEL_CACHE)
+    cache = Path(cache or PATCHSET_CACHE)
     recipe = load_recipe(folder)
     wheel = find_wheel(recipe.package, recipe.version, wheels)
     if wheel is None:
