@@ -160,9 +160,9 @@ def build(folder: Path | str, wheels: Path | None = None, cache: Path | None = N
     recipe = load_recipe(folder)
     wheel = find_wheel(recipe.package, recipe.version, wheels)
     if wheel is None:
-        raise UserError(f"{recipe.root}: no wheel for {recipe.package}=={recipe.version} in {wheels}; "
-                        f"run: python3 -m fleetspec.lab.prepare (or pip download --no-deps "
-                        f"{recipe.package}=={recipe.version} -d {wheels})")
+        raise UserError(f"{recipe.root}: no wheel for {recipe.package}=={recipe.version} in {wheels} (the "
+                        f"patch set is built from it); run: pip download --no-deps "
+                        f"{recipe.package}=={recipe.version} -d {wheels}")
     key = inputs_hash(recipe, wheel)
     out = Path(cache) / key / recipe.root.name
     if (out / MANIFEST).is_file():
