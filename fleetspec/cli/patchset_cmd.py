@@ -1,14 +1,17 @@
-"""patchset build, verify, show: make and inspect the files a playbook lays over one sglang version."""
+"""patchset build, verify, show: build the files a playbook lays over one sglang version from its\ndiffs, and inspect them."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
 
 from fleetspec.cli.output import echo_table
+from fleetspec.errors import UserError
 from fleetspec.model import patchset as P
+from fleetspec.model import patchset_build as B
 
 
 @click.group("patchset")
@@ -17,20 +20,33 @@ def patchset_group():
 
 
 @patchset_group.command("build")
-@click.option("--base", required=True, metavar="PACKAGE==VERSION", help="The exact base, e.g. sglang==0.5.13.post1.")
-@click.option("--from", "source", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder of changed files laid out as in site-packages (sglang/…).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Patch set folder to write (default: ./PACKAGE-VERSION).")
+@click.argument("folders", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--version", "version", default=None, metavar="V",
+              help="Only the patches folders of this package version (e.g. 0.5.13.post1).")
 @click.option("--wheels", type=click.Path(file_okay=False, path_type=Path), default=P.WHEEL_CACHE,
               show_default=True, help="Where the base wheel is cached.")
-def build(base, source, out, wheels):
-    """Build a manifest against the real base wheel's RECORD."""
-    package, version = P.parse_base(base)
-    ps = P.build_patchset(base, source, out or Path(f"{package}-{version}"), wheels)
-    adds = sum(f.action == "add" for f in ps.files)
-    click.echo(f"{ps.root}: {package}=={version}, {len(ps.files) - adds} replaced, {adds} added"
-               + (f", extra top level: {', '.join(ps.extra_top_level)}" if ps.extra_top_level else ""))
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=B.PATCHSET_CACHE,
+              show_default=True, help="Build cache, keyed by the hash of the inputs.")
+@click.pass_context
+def build(ctx, folders, version, wheels, cache):
+    """Apply each patches folder's diffs (zero fuzz) to its base wheel and lay its files in.
+
+    FOLDERS default to every playbooks/*/patches/<package>-<version>/ of the fleet root. The result
+    (manifest.json + files/) is what deploy ships; the same inputs are built once.
+    """
+    root = ctx.obj.root_path if ctx.obj is not None else Path.cwd()
+    chosen = list(folders) or B.patches_folders(root, version)
+    if not chosen:
+        raise UserError(f"no patches folders (playbooks/*/patches/*/series) under {root}"
+                        + (f" for version {version}" if version else ""))
+    for folder in chosen:
+        started = time.monotonic()
+        done = B.build(folder, wheels, cache)
+        ps = done.patchset
+        adds = sum(f.action == "add" for f in ps.files)
+        how = f"built in {time.monotonic() - started:.1f}s" if done.built else "cached"
+        click.echo(f"{folder}: {how}: {ps.root} ({ps.package}=={ps.version}, "
+                   f"{len(ps.files) - adds} replaced, {adds} added)")
 
 
 @patchset_group.command("verify")

@@ -1,9 +1,9 @@
 """`python -m fleetspec.lab.prepare`: fill the caches that tests and the lab need, once.
 
 The sglang wheel cache, the lab image (Debian rootfs, base, one layer per sglang version), both
-versions' environments on this machine (tests run the real parsers) and the kernels. Every piece
-is keyed by its recipe, so a warm machine does nothing here and prints nothing; a cold one prints
-one line per stage with its seconds.
+versions' environments on this machine (tests run the real parsers), the kernels and the patch
+sets (generated from their diffs and the wheels). Every piece is keyed by its recipe, so a warm
+machine does nothing here and prints nothing; a cold one prints one line per stage with its seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def stages() -> list[tuple[str, object]]:
     """(name, step) in order; each step returns True when it did work (a cold stage)."""
     steps: list[tuple[str, object]] = [
         ("download", lambda: envs.download_wheels() > 0),
+        ("patch sets", build_patchsets),
         ("rootfs", lambda: image.ensure_rootfs(_quiet)),
         ("base image", lambda: image.ensure_base(_quiet)),
         ("package layer", lambda: image.ensure_packages(_quiet)),
@@ -89,6 +90,14 @@ def build_cuda_kernels() -> bool:
                                                   os.environ.get("FLEETSPEC_CUDA_ARCH", "9.0"))
             built_any = built_any or built
     return built_any
+
+
+def build_patchsets() -> bool:
+    """Every playbook's patch sets, generated from their diffs and the cached wheels."""
+    from fleetspec.model import patchset_build
+
+    built = [patchset_build.build(folder).built for folder in patchset_build.patches_folders(ROOT)]
+    return any(built)
 
 
 if __name__ == "__main__":

@@ -104,8 +104,15 @@ def path_problem(path: object, package: str, extra_top_level: Collection[str] = 
 
 
 def load_patchset(folder: Path | str) -> PatchSet:
-    """Read and validate a patch set's structure (hashes are checked by `verify_patchset`)."""
+    """Read and validate a patch set's structure (hashes are checked by `verify_patchset`).
+
+    A patches folder (`series` + diffs, no manifest) is built, or taken from the build cache, first.
+    """
     root = Path(folder)
+    from fleetspec.model import patchset_build
+
+    if patchset_build.is_patches_folder(root):
+        return patchset_build.build(root).patchset
     manifest = root / MANIFEST
     if not manifest.is_file():
         raise ConfigError(manifest, None, "a patch set manifest (file not found)")

@@ -15,7 +15,6 @@ switch). The unit tests in tests/unit/test_lab_engine_decode.py carry the detail
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -33,8 +32,7 @@ from tests.lab import labtools
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 TREE_HOST = os.environ.get("FLEETSPEC_LAB_TREE_HOST", "ct150")
-UTILS = "sglang/srt/speculative/ddtree_utils.py"
-PATCHSET = "playbooks/ddtree/patchsets/sglang-0.5.13.post1"
+PAYLOAD_UTILS = "playbooks/ddtree/payload/ddtree_utils.py"
 # Throughput stays, as a small dry run: the lab inventory's per-host override names it.
 GATES = ("gates:\n  acceptance: {min: 2.0, vs_baseline_tolerance: 0.25, dry_run: false}\n"
          "  throughput: {min_ratio: 0.5, concurrency: [1], requests: 2, dry_run: true}\n"
@@ -71,15 +69,10 @@ def fleet_root(lab_fleet, tmp, *, mutation: str | None, smoke: str | None) -> st
                           and not l.startswith("  kernels:") and not l.startswith("  ddtree_sample:")) + "\n" + smoke
     playbook.write_text(lines)
     if mutation:
-        target = root / PATCHSET / "files" / UTILS
+        target = root / PAYLOAD_UTILS       # the patch set is generated from it again at deploy
         data = mutate(target.read_text(), mutation).encode()
         target.unlink()                     # a copy, never the checkout's file
         target.write_bytes(data)
-        manifest = json.loads((root / PATCHSET / "manifest.json").read_text())
-        for entry in manifest["files"]:
-            if entry["path"] == UTILS:
-                entry["sha256"] = hashlib.sha256(data).hexdigest()
-        (root / PATCHSET / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return str(root)
 
 

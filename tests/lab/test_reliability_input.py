@@ -31,12 +31,14 @@ def rel(lab_fleet, tmp_path_factory):
 
 # Root builders: each gets (root folder, host slot) and edits what the case needs -----------------
 def _copy_patchset(root: Path, slot: int) -> Path:
-    """A private copy of the real patch set for the host's version, wired into ddtree.yaml."""
-    src = R.ROOT / "playbooks" / "ddtree" / "patchsets" / PS[slot]
+    """A private copy of the real (generated) patch set for the host's version, wired into ddtree.yaml."""
+    from fleetspec.model.patchset import load_patchset
+
+    src = load_patchset(R.ROOT / "playbooks" / "ddtree" / "patches" / PS[slot]).root
     dest = root / "playbooks" / "bad" / "patchsets" / PS[slot]
     shutil.copytree(src, dest)
     pb = root / "playbooks" / "ddtree.yaml"
-    text = pb.read_text().replace(f"ddtree/patchsets/{PS[slot]}", f"bad/patchsets/{PS[slot]}")
+    text = pb.read_text().replace(f"ddtree/patches/{PS[slot]}", f"bad/patchsets/{PS[slot]}")
     pb.write_text(text)
     return dest
 

@@ -37,7 +37,7 @@ class Host:
         self.version = version
         self.python = local_env(version)
         self.site = site_packages(self.python.parent.parent)
-        self.patchset = load_patchset(REPO / f"playbooks/ddtree/patchsets/sglang-{version}")
+        self.patchset = load_patchset(REPO / f"playbooks/ddtree/patches/sglang-{version}")
         self.overlay = tmp / "overlay"
         script = overlay_script(str(self.site), str(self.patchset.files_dir), str(self.overlay), self.patchset)
         built = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
@@ -126,7 +126,7 @@ _emit(False, error="a hybrid target was accepted without shadow-linear")
 
 def test_the_installed_base_passes_and_the_other_version_is_refused(host):
     check_base(host.patchset, host.version, host.installed_hashes())
-    other = load_patchset(REPO / f"playbooks/ddtree/patchsets/sglang-{[v for v in VERSIONS if v != host.version][0]}")
+    other = load_patchset(REPO / f"playbooks/ddtree/patches/sglang-{[v for v in VERSIONS if v != host.version][0]}")
     with pytest.raises(UserError, match=f"the host has sglang=={host.version}"):
         check_base(other, host.version, host.installed_hashes())
 

@@ -1,0 +1,208 @@
+"""Patch sets generated from a patches folder: reviewable diffs over the base wheel, payload laid in.
+
+`playbooks/<algo>/patches/<package>-<version>/` holds `series` (the diffs' names in order, `#`
+comments), the unified diffs (one per changed file of the package) and `add` (lines of
+`<site-packages path> <source relative to the folder>`, a trailing `/` on both for a folder).
+`build` takes each changed file from the cached wheel (its sha256 checked against the wheel's RECORD),
+applies the diffs with zero fuzz, lays the added files in, and writes the manifest.json + files/ that
+deploy ships under `<cache>/patchsets/<inputs hash>/<folder name>/`, so the same inputs build once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetspec.errors import ConfigError, UserError
+from fleetspec.model import patchset, unidiff
+from fleetspec.model.patchset import (
+    MANIFEST,
+    PatchSet,
+    build_patchset,
+    find_wheel,
+    load_patchset,
+    read_record,
+    sha256_file,
+)
+
+SERIES = "series"
+ADD = "add"
+BUILDER_VERSION = "1"   # bump when the output for the same inputs changes
+PATCHSET_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "patchsets"
+_SKIP = ("__pycache__",)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    root: Path
+    package: str
+    version: str
+    diffs: tuple[Path, ...]
+    adds: tuple[tuple[str, Path], ...]   # (path in site-packages, source file); folders expanded
+
+
+@dataclass(frozen=True)
+class Built:
+    patchset: PatchSet
+    built: bool          # False: reused from the cache
+    inputs: str          # the inputs hash (the cache folder's name)
+
+
+def is_patches_folder(folder: Path | str) -> bool:
+    return (Path(folder) / SERIES).is_file() and not (Path(folder) / MANIFEST).exists()
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            out.append((n, line))
+    return out
+
+
+def load_recipe(folder: Path | str) -> Recipe:
+    """Read a patches folder: its name gives package and version, `series` the diffs, `add` the rest."""
+    root = Path(folder)
+    package, sep, version = root.name.partition("-")
+    if not sep or not package or not version:
+        raise ConfigError(root, None, "a patches folder named <package>-<version>, e.g. sglang-0.5.23")
+    diffs = []
+    for n, name in _lines(root / SERIES):
+        diff = root / name
+        if "/" in name or name.startswith(".") or not diff.is_file() or diff.is_symlink():
+            raise ConfigError(root / SERIES, f"line {n}", f"the name of a diff file in {root}, got {name!r}")
+        diffs.append(diff)
+    adds: list[tuple[str, Path]] = []
+    if (root / ADD).is_file():
+        for n, line in _lines(root / ADD):
+            adds.extend(_add_line(root, n, line))
+    dests = [d for d, _ in adds]
+    twice = sorted({d for d in dests if dests.count(d) > 1})
+    if twice:
+        raise ConfigError(root / ADD, None, f"each path once, got {twice[0]!r} twice")
+    return Recipe(root, package, version, tuple(diffs), tuple(adds))
+
+
+def _add_line(root: Path, n: int, line: str) -> list[tuple[str, Path]]:
+    where = (root / ADD, f"line {n}")
+    parts = line.split()
+    if len(parts) != 2:
+        raise ConfigError(*where, f"'<path in site-packages> <source>', got {line!r}")
+    dest, rel = parts
+    src = root / rel
+    if Path(rel).is_absolute() or dest.startswith("/") or dest.endswith("/") != rel.endswith("/"):
+        raise ConfigError(*where, f"relative paths, both ending in / for a folder, got {line!r}")
+    if src.is_symlink() or not (src.is_dir() if rel.endswith("/") else src.is_file()):
+        what = "folder" if rel.endswith("/") else "file"
+        raise ConfigError(*where, f"a {what} at {rel} (relative to {root}), not found")
+    if not rel.endswith("/"):
+        return [(dest, src)]
+    out = []
+    for p in sorted(src.rglob("*")):
+        sub = p.relative_to(src).as_posix()
+        if p.is_symlink():
+            raise ConfigError(p, None, "a regular file (symlinks are refused in a patch set)")
+        if p.is_file() and not any(s in sub.split("/") for s in _SKIP) and not sub.endswith(".pyc"):
+            out.append((dest + sub, p))
+    return out
+
+
+def inputs_hash(recipe: Recipe, wheel: Path) -> str:
+    """One hash over everything the output depends on: builder, base wheel, diffs, added files."""
+    h = hashlib.sha256()
+    h.update(json.dumps([BUILDER_VERSION, recipe.package, recipe.version, sha256_file(wheel)]).encode())
+    for diff in recipe.diffs:
+        h.update(b"diff\0" + diff.name.encode() + b"\0" + diff.read_bytes() + b"\0")
+    for dest, src in recipe.adds:
+        h.update(b"add\0" + dest.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def patched_files(recipe: Recipe, wheel: Path) -> dict[str, bytes]:
+    """Every file the diffs change, taken from the wheel (checked against RECORD) and patched."""
+    record = read_record(wheel)
+    out: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for diff in recipe.diffs:
+            for fp in unidiff.parse(diff.read_bytes(), diff):
+                if fp.path not in out:
+                    out[fp.path] = _base_file(zf, record, fp.path, diff, recipe)
+                out[fp.path] = unidiff.apply(out[fp.path], fp, diff)
+    return out
+
+
+def _base_file(zf: zipfile.ZipFile, record: dict[str, str], path: str, diff: Path, recipe: Recipe) -> bytes:
+    base = f"{recipe.package}=={recipe.version}"
+    if path not in record:
+        raise ConfigError(diff, path, f"a file of {base} (its wheel's RECORD has no such file)")
+    data = zf.read(path)
+    got = hashlib.sha256(data).hexdigest()
+    if got != record[path]:
+        raise UserError(f"{zf.filename}: {path} hashes to {got}, but the wheel's RECORD says "
+                        f"{record[path]}; refusing a base that is not {base} as released")
+    return data
+
+
+def build(folder: Path | str, wheels: Path | None = None, cache: Path | None = None) -> Built:
+    """The patch set of a patches folder, from the cache when its inputs were built before.
+
+    wheels, cache: default to $FLEETSPEC_CACHE/wheels and $FLEETSPEC_CACHE/patchsets.
+    """
+    wheels = Path(wheels or patchset.WHEEL_CACHE)
+    cache = Path(cache or PATCHSET_CACHE)
+    recipe = load_recipe(folder)
+    wheel = find_wheel(recipe.package, recipe.version, wheels)
+    if wheel is None:
+        raise UserError(f"{recipe.root}: no wheel for {recipe.package}=={recipe.version} in {wheels} (the "
+                        f"patch set is built from it); run: pip download --no-deps "
+                        f"{recipe.package}=={recipe.version} -d {wheels}")
+    key = inputs_hash(recipe, wheel)
+    out = Path(cache) / key / recipe.root.name
+    if (out / MANIFEST).is_file():
+        return Built(load_patchset(out), False, key)
+    try:
+        _build_into(recipe, wheel, wheels, out)
+    except OSError as err:
+        raise UserError(f"cannot write the patch set cache {cache}: {err.strerror or err}; "
+                        "set FLEETSPEC_CACHE to a writable folder") from None
+    return Built(load_patchset(out), True, key)
+
+
+def _build_into(recipe: Recipe, wheel: Path, wheels: Path, out: Path) -> None:
+    changed = patched_files(recipe, wheel)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
+    try:
+        src = work / "src"
+        for rel, data in changed.items():
+            _write(src / rel, data)
+        for dest, path in recipe.adds:
+            if dest in changed:
+                raise ConfigError(recipe.root / ADD, dest, "a path no diff changes (it is both patched and added)")
+            _write(src / dest, path.read_bytes())
+        build_patchset(f"{recipe.package}=={recipe.version}", src, work / recipe.root.name, wheels)
+        try:
+            os.rename(work / recipe.root.name, out)
+        except OSError:
+            if not (out / MANIFEST).is_file():   # a concurrent build that finished first is as good
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def patches_folders(root: Path | str, version: str | None = None) -> list[Path]:
+    """The patches folders under a fleet root's playbooks, optionally of one version."""
+    found = sorted(p.parent for p in Path(root, "playbooks").glob(f"*/patches/*/{SERIES}"))
+    return [f for f in found if version is None or f.name.partition("-")[2] == version]
