@@ -128,7 +128,7 @@ def main() -> int:
     if not args.skip_up:
         subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
                         f"{HOST},{OTHER}"], check=True, timeout=1800)
-    from vs_ansible import wait_healthy      # bench/ is this script's folder
+    from vs_ansible import wait_healthy  # bench/ is this script's folder
 
     wait_healthy([HOST, OTHER])
     status_s = status(args.runs)

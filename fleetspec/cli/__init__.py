@@ -66,9 +66,7 @@ def main(ctx, root, inventory, accept_new_host_key, verbose):
 
 
 def _register() -> None:
-    from fleetspec.cli import commands
-
-    from fleetspec.cli import examples
+    from fleetspec.cli import commands, examples
 
     for command in commands.ALL:
         main.add_command(command)

@@ -163,8 +163,8 @@ def unlock(obj, host, force):
     \b
     Example: fleetspec unlock ct129 --force
     """
-    from fleetspec.remote.lock import force_unlock
     from fleetspec.model.layout import HostLayout
+    from fleetspec.remote.lock import force_unlock
 
     h = obj.select([host], False)[0]
     holder = force_unlock(obj.transport(h), str(HostLayout(h.vars.service).lock))

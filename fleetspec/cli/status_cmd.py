@@ -35,7 +35,8 @@ def status(obj, targets, all_hosts, as_json, workers, watch, deadline, interval)
     answer yet, within the host's ready timeout), down (the unit failed or is inactive, or the
     port still does not answer past the ready timeout) or unhealthy (answering, /health not 200).
     """
-    from fleetspec.ops.status import fleet_status, watch as do_watch
+    from fleetspec.ops.status import fleet_status
+    from fleetspec.ops.status import watch as do_watch
 
     hosts = obj.select(targets, all_hosts, default_all=True)
     if not watch:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from fleetspec.errors import FleetspecError, RemoteError, UserError
 from fleetspec.model import ledger as L
-from fleetspec.model.layout import local_mirror
 from fleetspec.model.baseline import Baseline, recorded_environment
+from fleetspec.model.layout import local_mirror
 from fleetspec.model.ledger import actor
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops.hoststate import HostState

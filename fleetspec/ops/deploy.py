@@ -16,8 +16,8 @@ from typing import Callable
 
 from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
-from fleetspec.model.layout import local_mirror
 from fleetspec.model.inventory import Host
+from fleetspec.model.layout import local_mirror
 from fleetspec.model.playbook import Playbook
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod

@@ -25,12 +25,30 @@ from fleetspec.model.playbook import Guard, Playbook
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops import probes, redaction
 from fleetspec.ops.hoststate import HostState
-from fleetspec.ops.preflight_checks import (MAX_PATCH_FILE, MIN_FREE_BYTES, abandon_unswitched,  # noqa: F401
-                                            admin_exec_start_dropins, check_contents, check_disk,
-                                            check_dropin_order, check_gpus, check_interrupted, check_orphan_dropin,
-                                            check_paths, check_templates, check_unit_drift, effective_argv,
-                                            gather_unit, gather_unit_and_files, installed_hashes, kernel_facts, load_kernels, _model_path,
-                                            read_unit_files, select_patchset)
+from fleetspec.ops.preflight_checks import (  # noqa: F401
+    MAX_PATCH_FILE,
+    MIN_FREE_BYTES,
+    _model_path,
+    abandon_unswitched,
+    admin_exec_start_dropins,
+    check_contents,
+    check_disk,
+    check_dropin_order,
+    check_gpus,
+    check_interrupted,
+    check_orphan_dropin,
+    check_paths,
+    check_templates,
+    check_unit_drift,
+    effective_argv,
+    gather_unit,
+    gather_unit_and_files,
+    installed_hashes,
+    kernel_facts,
+    load_kernels,
+    read_unit_files,
+    select_patchset,
+)
 from fleetspec.ops.redaction import check_secret_env, redact, secret_refs, secrets_of  # noqa: F401
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike

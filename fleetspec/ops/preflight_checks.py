@@ -145,7 +145,8 @@ def _model_path(host, exec_argv: list[str]) -> str:
 def select_patchset(t: TransportLike, playbook, sg, host: str):
     if not playbook.patchsets:
         return None
-    from fleetspec.model.patchset import check_base, load_patchset, select_patchset as pick
+    from fleetspec.model.patchset import check_base, load_patchset
+    from fleetspec.model.patchset import select_patchset as pick
 
     folder = pick(playbook.patchsets, sg.version, host=host)
     patchset = load_patchset(folder)
@@ -219,10 +220,8 @@ def load_kernels(playbook, torch_facts, host: str) -> list:
     required fails the smoke tests, optional falls back to torch with a note."""
     if not playbook.kernels:
         return []
-    from fleetspec.model.kernel import find_built_kernel
-
     from fleetspec.errors import ConfigError
-    from fleetspec.model.kernel import KERNEL_JSON
+    from fleetspec.model.kernel import KERNEL_JSON, find_built_kernel
     from fleetspec.model.patchset import sha256_file
 
     out = []

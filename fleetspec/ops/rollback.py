@@ -15,8 +15,8 @@ from pathlib import Path
 
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
-from fleetspec.model.layout import local_mirror
 from fleetspec.model.baseline import Baseline, sha256
+from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import switching
 from fleetspec.ops.deploy import Outcome

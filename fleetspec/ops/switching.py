@@ -15,11 +15,27 @@ This module keeps the names callers and tests import.
 
 from __future__ import annotations
 
-from fleetspec.ops.activation import (activate, deactivate, exec_start_mismatch, expected_algorithm, journal_tail,
-                                      leave, loaded_exec_start_mismatch, restart, restore_baseline_files, revert_to)
+from fleetspec.ops.activation import (
+                                      activate,
+                                      deactivate,
+                                      exec_start_mismatch,
+                                      expected_algorithm,
+                                      journal_tail,
+                                      leave,
+                                      loaded_exec_start_mismatch,
+                                      restart,
+                                      restore_baseline_files,
+                                      revert_to,
+)
 from fleetspec.ops.planning import Plan, plan, prune
-from fleetspec.ops.rendering import _env, dropin_text, lint_unit, release_dropin_candidates, render_release, \
-    rollback_script
+from fleetspec.ops.rendering import (
+                                      _env,
+                                      dropin_text,
+                                      lint_unit,
+                                      release_dropin_candidates,
+                                      render_release,
+                                      rollback_script,
+)
 from fleetspec.ops.smoke_run import _SMOKE_RUNNER, kernel_path, run_smoke_scripts, smoke
 from fleetspec.ops.staging import SECRETS_FILE, _py_compile, env_file_text, stage, upload_objects
 from fleetspec.remote.release_files import in_place_apply, in_place_undo

@@ -96,7 +96,7 @@ def last_release(fleet) -> str:
 
 
 def test_plan_changes_nothing(lab_fleet, ct129):
-    tree = f"find /etc/systemd/system /var/lib/fleetspec -type f -print0 2>/dev/null | sort -z | xargs -0 sha256sum"
+    tree = "find /etc/systemd/system /var/lib/fleetspec -type f -print0 2>/dev/null | sort -z | xargs -0 sha256sum"
     before = sh(lab_fleet, tree)
     r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--plan", check_rc=0)
     assert "--speculative-ddtree-shadow-linear" in r.stdout      # hybrid target: shadow-linear, said so

@@ -254,9 +254,7 @@ def _leftovers() -> dict:
 
 def test_lab_down_leaves_nothing_then_comes_back(lab_fleet):
     """Also after a crash: leftovers that no state file names are found by their fixed names."""
-    from fleetspec.lab import cgroups, lab
-
-    from fleetspec.lab import hosts
+    from fleetspec.lab import cgroups, hosts, lab
 
     others = [n for n in hosts.running() if n not in lab_fleet.addresses]
     subprocess.run(["ip", "netns", "add", "fslab-ghost"], check=True)  # a crashed `lab up`'s debris

@@ -12,7 +12,8 @@ import json
 import shlex
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fleetspec.model.inventory import load_inventory
 from fleetspec.remote.transport import Transport

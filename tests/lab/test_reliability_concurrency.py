@@ -11,7 +11,6 @@ session on the host is alive (fresh heartbeat) and ends it once that session has
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shlex

@@ -7,10 +7,7 @@ byte for byte on its baseline (invariant 1), the baseline intact and the ledger 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
-import time
 
 import pytest
 

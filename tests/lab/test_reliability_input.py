@@ -11,7 +11,6 @@ cases); these are the rest: patch sets, kernels, options, CLI, templates, sizes,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shlex
 import subprocess
 
 import pytest

@@ -12,8 +12,8 @@ import pytest
 from fleetspec.model.baseline import REDACTED, Baseline
 from fleetspec.model.inventory import load_inventory
 from fleetspec.ops.baseline import take_baseline
-from fleetspec.remote.facts.unitfile import environment_of
 from fleetspec.remote.facts.unit_files import UnitFiles
+from fleetspec.remote.facts.unitfile import environment_of
 from fleetspec.remote.transport import Transport
 
 UNIT_PATH = "/etc/systemd/system/sglang-qwen.service"

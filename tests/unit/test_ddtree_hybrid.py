@@ -12,7 +12,6 @@ from fleetspec.model import payload
 from fleetspec.model.hybrid import hybrid_reason, is_hybrid_config
 
 
-
 def _load():
     return payload.load("ddtree_config")
 

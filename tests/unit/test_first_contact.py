@@ -7,8 +7,6 @@ build loaded its fresh library into the process so the next load aborted it.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys

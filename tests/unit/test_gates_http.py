@@ -14,7 +14,7 @@ import pytest
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.playbook import AcceptanceGate, Gates, ParityGate, ThroughputGate, load_playbook_for
 from fleetspec.ops import gates, probes
-from fleetspec.ops.gates import FAIL, INCONCLUSIVE, PASS, GOLDEN_PROMPTS, judge
+from fleetspec.ops.gates import FAIL, GOLDEN_PROMPTS, INCONCLUSIVE, PASS, judge
 from fleetspec.remote.transport import Transport
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,6 @@ the stand-in emits or accepts, as it would on a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 from pathlib import Path

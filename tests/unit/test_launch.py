@@ -35,7 +35,7 @@ def form(words: str, prefix: str = "", path: str | None = None) -> launch.Launch
     (f"{PY} -um sglang.launch_server --port 1", launch.LAUNCH_SERVER, 3),
     (f"{PY} -msglang.launch_server --port 1", launch.LAUNCH_SERVER, 2),
     (f"{PY} -X faulthandler -W ignore -m sglang.launch_server", launch.LAUNCH_SERVER, 7),
-    (f"python3.11 -B -m sglang.launch_server", launch.LAUNCH_SERVER, 4),
+    ("python3.11 -B -m sglang.launch_server", launch.LAUNCH_SERVER, 4),
     ("/opt/venv/bin/sglang serve --model-path m", launch.SERVE, 2),
     ("/opt/venv/bin/sglang serve m --port 1", launch.SERVE, 2),
     (f"/usr/bin/env A=1 B=2 {PY} -m sglang.launch_server --port 1", launch.LAUNCH_SERVER, 6),

@@ -22,8 +22,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote.lock import (Holder, LockLost, RemoteLock, force_unlock, is_held, read_holder,
-                                   record_path)
+from fleetspec.remote.lock import Holder, LockLost, RemoteLock, force_unlock, is_held, read_holder, record_path
 from fleetspec.remote.transport import Transport
 
 A, B = "controller-aaaaaaaa", "controller-bbbbbbbb"

@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetspec.remote import files
 from fleetspec.remote.lock import BUSY, Holder, acquire_script

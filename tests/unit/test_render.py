@@ -31,7 +31,7 @@ def test_systemd_quote_roundtrips_through_execstart_parser(args):
 @given(st.lists(words | tricky, max_size=5))
 def test_roundtrip_through_unit_file_with_dropin_reset(args):
     argv = ["/usr/bin/python3", *args]
-    unit = f"[Unit]\nDescription=x\n\n[Service]\nExecStart=/bin/false old\n"
+    unit = "[Unit]\nDescription=x\n\n[Service]\nExecStart=/bin/false old\n"
     dropin = f"[Service]\nExecStart=\nExecStart={exec_line(argv)}\n"
     [cmd] = exec_start_of([unit, dropin])
     assert expand_dollars(cmd.argv)[0] == argv

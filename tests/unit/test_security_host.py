@@ -31,7 +31,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from fleetspec.errors import FleetspecError
 from fleetspec.model import ledger as L

@@ -19,7 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from fleetspec.errors import ConfigError, RemoteError, UserError
 from fleetspec.model import ledger as L

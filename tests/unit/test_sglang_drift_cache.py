@@ -4,8 +4,8 @@ drift is found, and the stat-keyed cache skips rehashing only files nobody wrote
 from __future__ import annotations
 
 import base64
-import json
 import hashlib
+import json
 import os
 import subprocess
 import sys

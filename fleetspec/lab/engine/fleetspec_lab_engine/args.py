@@ -135,9 +135,9 @@ def dispatch_args(parsed: Parsed):
         declared.append(("fleetspec_lab_engine: the DFlash handler (runs on the device)",
                          {"disable_overlap_schedule": True}))
         try:
-            setattr(args, "_resolved_overrides", declared)
+            args._resolved_overrides = declared
         except (AttributeError, TypeError):
-            setattr(args, "disable_overlap_schedule", True)
+            args.disable_overlap_schedule = True
         return args
     import types
 
