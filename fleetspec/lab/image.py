@@ -167,16 +167,10 @@ def _build_packages(debs: list[Path]) -> None:
     (scratch / "merged").mkdir()
     q, merged = shlex.quote, scratch / "merged"
     names = [f"/tmp/{d.name}" for d in debs]
-    script = "\n".join([
-        "set -e",
-        (f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={partial},workdir={scratch}/work')} "
-         f"{q(str(merged))}"),
-        *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names)),
-        f"mount -t proc proc {q(str(merged / 'proc'))}",
-        f"mount --rbind /dev {q(str(merged / 'dev'))}",
-        f"chroot {q(str(merged))} /usr/bin/dpkg -i {' '.join(map(q, names))}",
-        f"rm -f -- {' '.join(q(str(merged) + n) for n in names)}",
-    ])
+    script = _chroot_script(partial, scratch / "work", merged,
+                            [f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names, strict=True)],
+                            [f"/usr/bin/dpkg -i {' '.join(map(q, names))}"],
+                            [f"rm -f -- {' '.join(q(str(merged) + n) for n in names)}"])
     try:
         subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                        check=True, env=_clean_env(), capture_output=True, text=True)
@@ -253,17 +247,11 @@ def _build_env(version: str) -> None:
     q = shlex.quote
     pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
            "--disable-pip-version-check", "--find-links", "/mnt/wheels", *envs.requirements(version)]
-    script = "\n".join([
-        "set -e",
-        f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={scratch}/upper,workdir={scratch}/work')} {q(str(merged))}",
+    script = _chroot_script(scratch / "upper", scratch / "work", merged, [
         f"mkdir -p {q(str(merged / venv.lstrip('/')))} {q(str(merged / 'mnt/wheels'))}",
         f"mount --bind {q(str(target))} {q(str(merged / venv.lstrip('/')))}",
         f"mount --bind -o ro {q(str(envs.WHEELS))} {q(str(merged / 'mnt/wheels'))}",
-        f"mount -t proc proc {q(str(merged / 'proc'))}",
-        f"mount --rbind /dev {q(str(merged / 'dev'))}",
-        f"chroot {q(str(merged))} /usr/bin/python3 -m venv {q(venv)}",
-        f"chroot {q(str(merged))} {shlex.join(pip)}",
-    ])
+    ], [f"/usr/bin/python3 -m venv {q(venv)}", shlex.join(pip)])
     try:
         subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                        check=True, env=_clean_env())
@@ -275,6 +263,24 @@ def _build_env(version: str) -> None:
         shutil.rmtree(final)
     partial.rename(final)
     marker(final).write_text(version + "\n")
+
+
+def _chroot_script(upper: Path, work: Path, merged: Path, before: list[str], commands: list[str],
+                   after: tuple[str, ...] | list[str] = ()) -> str:
+    """A `set -e` script (run under `unshare --mount`) that mounts the base image with `upper` as
+    its overlay's upper folder at `merged`, runs `before` on the host side, then `commands` inside
+    the chroot (with /proc and /dev), then `after`."""
+    q = shlex.quote
+    overlay = q(f"lowerdir={base_dir()},upperdir={upper},workdir={work}")
+    return "\n".join([
+        "set -e",
+        f"mount -t overlay overlay -o {overlay} {q(str(merged))}",
+        *before,
+        f"mount -t proc proc {q(str(merged / 'proc'))}",
+        f"mount --rbind /dev {q(str(merged / 'dev'))}",
+        *(f"chroot {q(str(merged))} {c}" for c in commands),
+        *after,
+    ])
 
 
 def _clean_env() -> dict:
