@@ -59,7 +59,7 @@ def print_table(rels, out: Out) -> None:
 def _columns(headers, rows, fixed, room, out: Out) -> None:
     def emit(cells, bold=False):
         fig_lines = wrap(cells[-1], room)
-        head = "".join(c.ljust(w + 2) for c, w in zip(cells[:-1], fixed))
+        head = "".join(c.ljust(w + 2) for c, w in zip(cells[:-1], fixed, strict=True))
         spans = [(0, len(head) + len(fig_lines[0]), "bold")] if bold else []
         if not bold:
             start = sum(w + 2 for w in fixed[:2])
@@ -77,7 +77,7 @@ def _records(rels, rows, out: Out) -> None:
     """Narrow terminals: the tokens on one line, the failing step and figures wrapped below."""
     from fleetspec.ops.history import headline
 
-    for r, row in zip(rels, rows):
+    for r, row in zip(rels, rows, strict=True):
         head = f"{row[0]}  {row[1]}  {row[2]}  {row[3]}  {row[4]}"
         out.styled(head, f"  {row[2]}  ", STATUS_STYLE.get(row[2]))
         if r.failed_step:

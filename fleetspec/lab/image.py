@@ -171,7 +171,7 @@ def _build_packages(debs: list[Path]) -> None:
         "set -e",
         (f"mount -t overlay overlay -o {q(f'lowerdir={base_dir()},upperdir={partial},workdir={scratch}/work')} "
          f"{q(str(merged))}"),
-        *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names)),
+        *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names, strict=True)),
         f"mount -t proc proc {q(str(merged / 'proc'))}",
         f"mount --rbind /dev {q(str(merged / 'dev'))}",
         f"chroot {q(str(merged))} /usr/bin/dpkg -i {' '.join(map(q, names))}",
