@@ -59,7 +59,7 @@ def parse(data: bytes, source: Path | str) -> tuple[FilePatch, ...]:
     return tuple(out)
 
 
-def _header_path(old: bytes, new: bytes, source, lineno: int) -> str:
+def _header_path(old: bytes, new: bytes, source: Path | str, lineno: int) -> str:
     names = [line[4:].split(b"\t")[0].strip().decode("utf-8", "replace") for line in (old, new)]
     if "/dev/null" in names:
         raise ConfigError(source, f"line {lineno}", "a change to an existing file (new files go in the "
@@ -71,7 +71,7 @@ def _header_path(old: bytes, new: bytes, source, lineno: int) -> str:
     return stripped[1]
 
 
-def _hunk(lines: list[bytes], i: int, number: int, source, path: str) -> tuple[Hunk, int]:
+def _hunk(lines: list[bytes], i: int, number: int, source: Path | str, path: str) -> tuple[Hunk, int]:
     m = _HUNK.match(lines[i])
     header = lines[i].split(b" @@")[0].decode("utf-8", "replace") + " @@"
     if not m:
