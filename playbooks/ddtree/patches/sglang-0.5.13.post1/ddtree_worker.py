@@ -20,6 +20,7 @@ import os
 import time
 
 import torch
+
 from sglang.srt.speculative.ddtree_config import DEFAULT_BUDGET
 from sglang.srt.speculative.ddtree_utils import (
     build_ddtree,
