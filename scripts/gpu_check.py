@@ -80,7 +80,7 @@ def build(work: Path) -> Path:
         jobs.append(["c++", "-c", str(SOURCE / name), "-o", str(work / (name + ".o")), "-O3", "-fPIC", std, abi,
                      "-DWITH_CUDA", *includes])
     procs = [subprocess.Popen(j, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for j in jobs]
-    for job, proc in zip(jobs, procs):
+    for job, proc in zip(jobs, procs, strict=True):
         out, err = proc.communicate(timeout=400)
         if proc.returncode != 0:
             raise RuntimeError(f"{Path(job[2]).name}: {Path(job[0]).name} failed: "
@@ -116,11 +116,10 @@ def reference(x, k):
     return values[..., :k] - torch.logsumexp(logits, dim=-1, keepdim=True), ids[..., :k]
 
 
-def check_equality(du) -> bool:
+def _candidate_cases(g):
+    """Logits that stress the top-k: random, ties, -inf rows, half precisions, a Qwen-sized vocab."""
     import torch
 
-    dev = "cuda"
-    g = torch.Generator().manual_seed(3)
     rand = torch.randn(16, 4099, generator=g) * 3
     ties = (torch.randn(6, 777, generator=g) * 1.5).round()
     minf = torch.randn(4, 300, generator=g)
@@ -128,9 +127,14 @@ def check_equality(du) -> bool:
     minf[1, 5:] = float("-inf")
     minf[2, ::2] = float("-inf")
     qwen = torch.randn(8, 151_936, generator=g) * 3
-    cases = [("random", rand, 64), ("random-k1", rand, 1), ("random-k2048", rand, 2048), ("ties", ties, 40),
-             ("ties-all", ties, 777), ("flat", torch.zeros(3, 50), 7), ("-inf", minf, 10), ("-inf-all", minf, 300),
-             ("bf16", qwen.bfloat16(), 64), ("fp16", ties.half(), 33), ("qwen", qwen, 64)]
+    return [("random", rand, 64), ("random-k1", rand, 1), ("random-k2048", rand, 2048), ("ties", ties, 40),
+            ("ties-all", ties, 777), ("flat", torch.zeros(3, 50), 7), ("-inf", minf, 10), ("-inf-all", minf, 300),
+            ("bf16", qwen.bfloat16(), 64), ("fp16", ties.half(), 33), ("qwen", qwen, 64)]
+
+
+def _candidate_differences(du, cases, dev) -> list[str]:
+    import torch
+
     bad = []
     for name, x, k in cases:
         want_v, want_i = reference(x, k)
@@ -147,7 +151,14 @@ def check_equality(du) -> bool:
             bad.append(f"{name}: CPU kernel ids differ")
         if not torch.allclose(got_v.cpu(), fb_v.cpu(), rtol=0, atol=1e-5, equal_nan=True):
             bad.append(f"{name}: logp differs by {(got_v.cpu() - fb_v.cpu()).abs().nan_to_num().max().item():.2e}")
-    trees = 0
+    return bad
+
+
+def _tree_differences(du, g, dev) -> tuple[list[str], int]:
+    """Trees built by the CUDA kernel, the torch fallback and the CPU kernel must be equal."""
+    import torch
+
+    bad, trees = [], 0
     for batch, depth, vocab, budget, cap in [(8, 15, 151_936, 64, None), (4, 7, 1000, 32, 4), (2, 9, 512, 100, 8)]:
         for variant in ("normal", "ties", "minf", "bf16"):
             x = torch.randn(batch, depth, vocab, generator=g) * 3
@@ -167,6 +178,18 @@ def check_equality(du) -> bool:
             if not torch.equal(mask.cpu(), du.visibility_mask(a).cpu()):
                 bad.append(f"tree {variant}: tree_mask differs")
             trees += 1
+    return bad, trees
+
+
+def check_equality(du) -> bool:
+    import torch
+
+    dev = "cuda"
+    g = torch.Generator().manual_seed(3)
+    cases = _candidate_cases(g)
+    bad = _candidate_differences(du, cases, dev)
+    tree_bad, trees = _tree_differences(du, g, dev)
+    bad += tree_bad
     return verdict("equality", not bad, f"{len(cases)} candidate cases, {trees} trees (CUDA kernel vs stable sort, "
                    f"torch fallback, CPU kernel)" + (": " + "; ".join(bad[:6]) if bad else ": identical"))
 
@@ -179,15 +202,15 @@ def check_timing(du) -> bool:
     for dtype in (torch.bfloat16, torch.float32):
         x = (torch.randn(128, 151_936, device="cuda") * 3).to(dtype)
 
-        def fused():
+        def fused(x=x):
             return torch.ops.fleetspec_ddtree.topk_logprobs(x, 64)
 
-        def plain():
+        def plain(x=x):
             logits = x.float()
             values, ids = torch.topk(logits, 64, dim=-1)
             return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
-        def plain_native():
+        def plain_native(x=x):
             values, ids = torch.topk(x, 64, dim=-1)
             return values.float() - torch.logsumexp(x.float(), dim=-1, keepdim=True), ids
 

@@ -157,14 +157,6 @@ def write_inventory(path: Path, servers: dict[str, Sshd], client_key: Path, know
     return path
 
 
-@pytest.fixture
-def fleet_root(tmp_path) -> Path:
-    """An empty fleet root (inventory/, playbooks/, templates/)."""
-    for sub in ("inventory", "playbooks", "templates"):
-        (tmp_path / sub).mkdir()
-    return tmp_path
-
-
 @pytest.fixture(scope="session")
 def inventory_writer():
     """The write_inventory helper, for tests that build inventories of loopback sshds."""

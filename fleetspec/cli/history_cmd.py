@@ -59,7 +59,7 @@ def print_table(rels, out: Out) -> None:
 def _columns(headers, rows, fixed, room, out: Out) -> None:
     def emit(cells, bold=False):
         fig_lines = wrap(cells[-1], room)
-        head = "".join(c.ljust(w + 2) for c, w in zip(cells[:-1], fixed))
+        head = "".join(c.ljust(w + 2) for c, w in zip(cells[:-1], fixed, strict=True))
         spans = [(0, len(head) + len(fig_lines[0]), "bold")] if bold else []
         if not bold:
             start = sum(w + 2 for w in fixed[:2])
@@ -77,7 +77,7 @@ def _records(rels, rows, out: Out) -> None:
     """Narrow terminals: the tokens on one line, the failing step and figures wrapped below."""
     from fleetspec.ops.history import headline
 
-    for r, row in zip(rels, rows):
+    for r, row in zip(rels, rows, strict=True):
         head = f"{row[0]}  {row[1]}  {row[2]}  {row[3]}  {row[4]}"
         out.styled(head, f"  {row[2]}  ", STATUS_STYLE.get(row[2]))
         if r.failed_step:
@@ -137,6 +137,21 @@ def pretty(key: str | None, value, width: int, indent: str) -> list[str]:
 
 
 def print_story(host_name: str, r, out: Out) -> None:
+    _story_head(host_name, r, out)
+    out.line()
+    out.line("steps", [(0, 5, "bold")])
+    _story_steps(r.steps, out)
+    if r.statuses:
+        out.line()
+        out.line("status changes", [(0, 14, "bold")])
+        for e in r.statuses:
+            extra = ", ".join(f"{k}={_scalar(v)}" for k, v in e.detail.items() if k != "reason")
+            for ln in wrap(f"{_when(e.ts)}  {e.state}{'  ' + extra if extra else ''}", out.width, "      ", "  "):
+                out.line(ln)
+
+
+def _story_head(host_name: str, r, out: Out) -> None:
+    """The release's summary: status, algo and timing, the failing step, gate figures, later events."""
     from fleetspec.ops.history import headline
 
     w = out.width
@@ -154,10 +169,13 @@ def print_story(host_name: str, r, out: Out) -> None:
     if r.events:
         for ln in wrap("then: " + "; ".join(r.events), w, "    ", "  "):
             out.line(ln)
-    out.line()
-    out.line("steps", [(0, 5, "bold")])
-    name_w = max((len(s.name) for s in r.steps), default=4)
-    for s in r.steps:
+
+
+def _story_steps(steps, out: Out) -> None:
+    """One line per step (name, state, seconds), its details below, then its evidence if any."""
+    w = out.width
+    name_w = max((len(s.name) for s in steps), default=4)
+    for s in steps:
         head = f"  {s.name.ljust(name_w)}  {s.state:<7}  {_secs(s.seconds):>7}"
         out.styled(head, s.state, STATUS_STYLE.get(s.state, "red" if s.state == "failed" else None))
         detail = {k: v for k, v in s.detail.items() if k != "evidence"}
@@ -166,13 +184,6 @@ def print_story(host_name: str, r, out: Out) -> None:
         if s.detail.get("evidence"):
             out.line("      evidence:", [(6, 15, "bold")])
             for ln in pretty(None, s.detail["evidence"], w, "        "):
-                out.line(ln)
-    if r.statuses:
-        out.line()
-        out.line("status changes", [(0, 14, "bold")])
-        for e in r.statuses:
-            extra = ", ".join(f"{k}={_scalar(v)}" for k, v in e.detail.items() if k != "reason")
-            for ln in wrap(f"{_when(e.ts)}  {e.state}{'  ' + extra if extra else ''}", w, "      ", "  "):
                 out.line(ln)
 
 

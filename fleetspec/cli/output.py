@@ -137,7 +137,7 @@ def _blocks(headers: list[str], cells: list[list[str]], width: int) -> list[str]
     out = []
     for row in cells:
         out.append(row[0])
-        for h, c in zip(headers[1:], row[1:]):
+        for h, c in zip(headers[1:], row[1:], strict=True):
             out += textwrap.wrap(f"{h}: {c}", width, initial_indent="  ", subsequent_indent="      ",
                                  break_long_words=False, break_on_hyphens=False) or [f"  {h}:"]
     return out

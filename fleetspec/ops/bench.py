@@ -58,7 +58,7 @@ def bench_host(t, host, root, runs: list[tuple[str, dict]], *, concurrency=(1, 4
         try:
             rollback(t, host, root, start_on, echo=echo, progress=progress)
         except FleetspecError as err:
-            raise DeployFailed(f"{host.name}: benchmark done but returning to {start_on or 'baseline'} failed: {err}")
+            raise DeployFailed(f"{host.name}: benchmark done but returning to {start_on or 'baseline'} failed: {err}") from err
         for rid in made:   # benchmark releases are not rollback targets
             if state.ledger().releases().get(rid) == L.HEALTHY:
                 state.record(L.Entry.status(rid, L.SUPERSEDED, reason="benchmark run"))

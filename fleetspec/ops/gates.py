@@ -255,7 +255,7 @@ def _parity(g, before, after, hybrid: bool) -> Verdict:
             missing.append(prompt)
             continue
         compared += 1
-        first = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y),
+        first = next((i for i, (x, y) in enumerate(zip(want, got, strict=False)) if x != y),
                      None if len(want) == len(got) else min(len(want), len(got)))
         # Tokens from the first difference to the end of the longer list: an output that runs
         # past the baseline's differs as surely as one that stops short.

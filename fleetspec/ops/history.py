@@ -102,42 +102,48 @@ def releases(parsed: L.ParsedLedger) -> list[Release]:
             r = out[e.release] = Release(e.release, algo_of(e.release), L.STARTED, e.ts, e.ts, e.by)
         r.ended = max(r.ended, e.ts)
         if e.kind == "status":
-            r.status = e.state
-            r.statuses.append(e)
-            if e.state == L.FAILED:
-                r.failed_step = e.detail.get("step", r.failed_step)
-                r.reason = e.detail.get("reason", r.reason)
-            continue
-        key = (e.release, e.name)
-        if e.state == "started":
-            open_steps[key] = e
+            _status_change(r, e)
+        elif e.state == "started":
+            open_steps[(e.release, e.name)] = e
             r.steps.append(Step(e.name, "started", e.ts, None, None, dict(e.detail)))
-            continue
-        began = open_steps.pop(key, None)
-        step = next((s for s in reversed(r.steps) if s.name == e.name and s.state == "started"), None)
-        if step is None:
-            step = Step(e.name, e.state, None, None, None)
-            r.steps.append(step)
-        step.state, step.ended = e.state, e.ts
-        detail = dict(e.detail)
-        recorded = detail.pop("seconds", None)
-        step.detail.update(detail)
-        step.seconds = (float(recorded) if isinstance(recorded, (int, float))
-                        else round(e.ts - began.ts, 3) if began is not None else None)
-        if detail.get("skipped") is True and e.state == "ok":
-            step.state = "skipped"
-        figures = detail.get("figures") if e.name == "gates" else None
-        if e.state == "failed" and e.name == "gates":
-            figures = (detail.get("evidence") or {}).get("figures")
-        if isinstance(figures, dict):
-            r.figures.update(figures)
-        if e.name == "rollback" and e.state in ("ok", "failed"):
-            r.events.append(f"rollback to {detail.get('to') or step.detail.get('to') or '?'}"
-                            + (" failed" if e.state == "failed" else ""))
-            continue
-        if e.state == "failed" and r.failed_step is None:
-            r.failed_step, r.reason = e.name, detail.get("reason")
+        else:
+            _step_end(r, e, open_steps.pop((e.release, e.name), None))
     return list(out.values())
+
+
+def _status_change(r: Release, e: L.Entry) -> None:
+    r.status = e.state
+    r.statuses.append(e)
+    if e.state == L.FAILED:
+        r.failed_step = e.detail.get("step", r.failed_step)
+        r.reason = e.detail.get("reason", r.reason)
+
+
+def _step_end(r: Release, e: L.Entry, began: L.Entry | None) -> None:
+    """A step's end line: closes its open step (or adds one never seen starting), takes its
+    seconds, the gates' figures, a rollback as a later event, and the first failure as the reason."""
+    step = next((s for s in reversed(r.steps) if s.name == e.name and s.state == "started"), None)
+    if step is None:
+        step = Step(e.name, e.state, None, None, None)
+        r.steps.append(step)
+    step.state, step.ended = e.state, e.ts
+    detail = dict(e.detail)
+    recorded = detail.pop("seconds", None)
+    step.detail.update(detail)
+    step.seconds = (float(recorded) if isinstance(recorded, (int, float))
+                    else round(e.ts - began.ts, 3) if began is not None else None)
+    if detail.get("skipped") is True and e.state == "ok":
+        step.state = "skipped"
+    figures = detail.get("figures") if e.name == "gates" else None
+    if e.state == "failed" and e.name == "gates":
+        figures = (detail.get("evidence") or {}).get("figures")
+    if isinstance(figures, dict):
+        r.figures.update(figures)
+    if e.name == "rollback" and e.state in ("ok", "failed"):
+        r.events.append(f"rollback to {detail.get('to') or step.detail.get('to') or '?'}"
+                        + (" failed" if e.state == "failed" else ""))
+    elif e.state == "failed" and r.failed_step is None:
+        r.failed_step, r.reason = e.name, detail.get("reason")
 
 
 def find(parsed: L.ParsedLedger, host_name: str, wanted: str) -> Release:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from pathlib import Path
 
 from fleetspec.errors import UserError
@@ -18,7 +17,7 @@ from fleetspec.remote import facts, files
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import torch as torch_fact
 
-# Runs on the host as `python -c` (files.python_c) with argv: scratch folder, arch list ("" = CPU).
+# Runs on the host as `python -c` (files.run_python) with argv: scratch folder, arch list ("" = CPU).
 # Compiles directly with the host's c++ (and nvcc), the flags torch.utils.cpp_extension uses, so
 # neither ninja nor setuptools is needed there. Prints one JSON line: the ABI and the library, or
 # an error naming what is missing.
@@ -103,11 +102,11 @@ def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, 
         raise UserError(f"kernels build --on {host.name}: no torch in {python} ({why})")
     gpus = None if isinstance(gpus, Exception) else gpus
     target = _target_arch(host.name, tv, gpus, cuda, arch, spec)
-    scratch = t.run_script(files.scratch_dir(), timeout=30, check=True).stdout.strip().splitlines()[-1]
+    scratch = files.make_scratch(t)
     try:
         for name in (K.KERNEL_JSON, *spec.sources, *spec.cuda_sources):
             t.put_bytes((spec.root / name).read_bytes(), f"{scratch}/{name}", mode=0o600, durable=False)
-        r = t.run_script(files.python_c(python, REMOTE_BUILD, [scratch, target]), timeout=timeout)
+        r = files.run_python(t, python, REMOTE_BUILD, [scratch, target], timeout=timeout)
         try:
             result = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -117,7 +116,7 @@ def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, 
             raise UserError(f"kernels build --on {host.name}: {result['error']}")
         library = t.get_bytes(result["library"])
     finally:
-        t.run_script(f"rm -rf -- {shlex.quote(scratch)}", timeout=60)
+        files.rm_tree(t, scratch, timeout=60, check=False)
     abi = result["abi"]
     abi = K.Abi(abi["python_tag"], abi["torch"], abi["cuda"], bool(abi["cxx11_abi"]), abi["platform"],
                 tuple(abi["arch_list"]))

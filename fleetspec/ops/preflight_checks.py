@@ -78,7 +78,7 @@ def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
     """The admin drop-ins (fleetspec's excluded, in systemd's order) that set ExecStart=."""
     paths = [p for p in unit.dropin_paths if not is_ours(p)]
     out = []
-    for path, text in zip(paths, dropin_texts):
+    for path, text in zip(paths, dropin_texts, strict=True):
         try:
             if unitfile.parse_unit(text).values("Service", "ExecStart"):
                 out.append(path)

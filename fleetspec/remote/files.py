@@ -174,8 +174,10 @@ def make_dirs(t: TransportLike, *paths: str, mode: int = 0o700, parents: bool = 
 
 
 def make_scratch(t: TransportLike, rundir: str = RUN_DIR) -> str:
-    """A fresh unguessable folder inside the root-only `rundir` (scratch_dir); returns its path."""
-    return t.run_script(scratch_dir(rundir), timeout=30, check=True).stdout.strip()
+    """A fresh unguessable folder inside the root-only `rundir` (scratch_dir); returns its path,
+    the last line printed (a login banner or warning may come first)."""
+    lines = t.run_script(scratch_dir(rundir), timeout=30, check=True).stdout.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def missing_from_store(t: TransportLike, store: str, digests: list[str]) -> list[str]:

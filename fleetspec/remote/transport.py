@@ -208,48 +208,49 @@ class Transport(FileTransfer, HttpOverSsh):
             chan = ssh.open_session(timeout=self.host.connect_timeout)
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise RemoteError(f"{self.name}: cannot open a session: {err}") from None
-        out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         try:
             chan.settimeout(timeout)       # a dead link must not block a stdin write forever
             chan.exec_command(full)
-            if stdin is not None:
-                view = memoryview(stdin)
-                while view:
-                    sent = chan.send(view[:_CHUNK])
-                    view = view[sent:]
+            _send_all(chan, stdin)
             chan.shutdown_write()
-            exited_at = None
-            while True:
-                if chan.recv_ready():
-                    out += chan.recv(_CHUNK)
-                    continue
-                if chan.recv_stderr_ready():
-                    err += chan.recv_stderr(_CHUNK)
-                    continue
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    # sshd may send the exit status before the last of the output: read on to EOF
-                    # (a child left running in the background may hold the pipe: then 5 s at most).
-                    if chan.eof_received or chan.closed:
-                        break
-                    exited_at = exited_at or time.monotonic()
-                    if time.monotonic() - exited_at > 5:
-                        break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RemoteError(f"{self.name}: command timed out after {timeout:g}s: {_short(shown)}")
-                select.select([chan], [], [], min(left, 0.25))
-            # Drain anything that arrived with the exit status.
-            while chan.recv_ready():
-                out += chan.recv(_CHUNK)
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(_CHUNK)
+            out, err = self._read_to_exit(chan, deadline, timeout, shown)
             rc = chan.recv_exit_status()
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise RemoteError(f"{self.name}: connection lost during {_short(shown)}: {e}") from None
         finally:
             chan.close()
         return CommandResult(shown, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), bytes(out))
+
+    def _read_to_exit(self, chan, deadline: float, timeout: float, shown: str) -> tuple[bytearray, bytearray]:
+        """stdout and stderr until the command exits and its output ends, or the deadline."""
+        out, err = bytearray(), bytearray()
+        exited_at = None
+        while True:
+            if chan.recv_ready():
+                out += chan.recv(_CHUNK)
+                continue
+            if chan.recv_stderr_ready():
+                err += chan.recv_stderr(_CHUNK)
+                continue
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # sshd may send the exit status before the last of the output: read on to EOF
+                # (a child left running in the background may hold the pipe: then 5 s at most).
+                if chan.eof_received or chan.closed:
+                    break
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > 5:
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(f"{self.name}: command timed out after {timeout:g}s: {_short(shown)}")
+            select.select([chan], [], [], min(left, 0.25))
+        # Drain anything that arrived with the exit status.
+        while chan.recv_ready():
+            out += chan.recv(_CHUNK)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(_CHUNK)
+        return out, err
 
     def open_exec(self, script: str):
         """Start a long-lived command whose stdin is our channel (the deploy lock's holder).
@@ -265,6 +266,17 @@ class Transport(FileTransfer, HttpOverSsh):
             raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None
         _observe(self.name, script, began, "started (runs on)")
         return chan
+
+
+def _send_all(chan, data: bytes | None) -> None:
+    """Write all of `data` (if any) to the command's stdin, a chunk at a time."""
+    if data is None:
+        return
+    view = memoryview(data)
+    while view:
+        sent = chan.send(view[:_CHUNK])
+        view = view[sent:]
+
 
 def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
     """A link that dies mid-command left paramiko waiting forever (exec_command waits for its

@@ -75,7 +75,7 @@ def ct200_clean(lab_fleet):
 
 
 def test_hosts_answer_over_ssh(lab_fleet):
-    for host, addr in lab_fleet.addresses.items():
+    for host in lab_fleet.addresses:
         r = lab_fleet.run(host, "hostname; systemctl is-system-running")
         assert r.returncode == 0, r.stderr
         assert r.stdout.decode().split() == [host, "running"]

@@ -166,7 +166,7 @@ def _run(size: dict, device: str, depth: int, budget: int, seed: int, prompts: i
         want = greedy(target, prompt, size["new_tokens"])
         got, acc = decode(du, target, drafter, prompt, size["new_tokens"], depth, budget, None)
         chain, chain_a = decode(du, target, drafter, prompt, size["new_tokens"], depth, depth, 1)
-        mismatches += sum(a != b for a, b in zip(got, want)) + sum(a != b for a, b in zip(chain, want))
+        mismatches += sum(a != b for a, b in zip(got, want, strict=True)) + sum(a != b for a, b in zip(chain, want, strict=True))
         tokens += len(want)
         tree_acc.append(acc)
         chain_acc.append(chain_a)

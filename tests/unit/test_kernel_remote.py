@@ -31,6 +31,14 @@ def _scratch_with_sources() -> list[Path]:
 
 
 @pytest.fixture
+def fleet_root(tmp_path) -> Path:
+    """An empty fleet root (inventory/, playbooks/, templates/)."""
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    return tmp_path
+
+
+@pytest.fixture
 def fleet(fleet_root, sshd, ssh_client_key, inventory_writer):
     def make(python: str = sys.executable) -> Path:
         inventory_writer(fleet_root / "inventory" / "lab.yaml", {"h1": sshd}, ssh_client_key,

@@ -112,7 +112,7 @@ def test_corpus_round_trips_through_real_parser(version):
     assert table is not None, f"no packaged option table for {version}"
     results = _derive_all(version, table)
     batch = [["--model-path", "/m", *FLAGS]]
-    for case, form, derived in results:
+    for _case, form, derived in results:
         batch.append(launch.parsed_args(form, form.argv, version))
         if not isinstance(derived, launch.LaunchRefused):
             batch.append(launch.parsed_args(form, derived.argv, version))

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from fleetspec.errors import RemoteError
 from fleetspec.model.inventory import load_inventory
 from fleetspec.remote import files, release_files
 from fleetspec.remote.transport import Transport
@@ -58,7 +59,7 @@ def test_rename_into_place_new_and_replace(t, tmp_path):
     assert (final / "v").read_text() == "1" and (final / "dropins").is_dir()
     files.fresh_private_tree(t, str(tmp_path / "base"), str(final) + ".tmp")
     (tmp_path / "base" / "baseline.tmp" / "v").write_text("2")
-    with pytest.raises(Exception):     # never over an existing one unless asked
+    with pytest.raises(RemoteError, match="exited 1"):     # never over an existing one unless asked
         files.rename_into_place(t, str(final) + ".tmp", str(final), replace=False)
     files.rename_into_place(t, str(final) + ".tmp", str(final), replace=True)
     assert (final / "v").read_text() == "2" and not (tmp_path / "base" / "baseline.old").exists()

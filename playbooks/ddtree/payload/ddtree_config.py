@@ -53,6 +53,18 @@ def hybrid_reason(config, _depth: int = 0):
     """Why a parsed config.json is hybrid (recurrent or linear-attention layers), or None."""
     if not isinstance(config, dict):
         return None
+    reason = _type_or_layers_reason(config) or _keys_reason(config)
+    if reason or _depth >= 2:
+        return reason
+    for key in _NESTED:
+        reason = hybrid_reason(config.get(key), _depth + 1)
+        if reason:
+            return f"{key}: {reason}"
+    return None
+
+
+def _type_or_layers_reason(config: dict):
+    """A hybrid model_type, or recurrent kinds in its per-layer type list."""
     model_type = config.get("model_type")
     if model_type in HYBRID_MODEL_TYPES:
         return f"model_type is {model_type!r}"
@@ -62,6 +74,11 @@ def hybrid_reason(config, _depth: int = 0):
             odd = sorted({str(k) for k in kinds if any(w in str(k).lower() for w in _RECURRENT_WORDS)})
             if odd:
                 return f"{key} contains {odd[0]!r}"
+    return None
+
+
+def _keys_reason(config: dict):
+    """Mamba layers in a hybrid pattern, or a key only recurrent layers use."""
     pattern = config.get("hybrid_override_pattern")
     if isinstance(pattern, str) and "M" in pattern:
         return "hybrid_override_pattern has Mamba layers"
@@ -71,11 +88,6 @@ def hybrid_reason(config, _depth: int = 0):
     for key in config:
         if str(key).startswith(("mamba_", "ssm_")):
             return f"it sets {key}"
-    if _depth < 2:
-        for key in _NESTED:
-            reason = hybrid_reason(config.get(key), _depth + 1)
-            if reason:
-                return f"{key}: {reason}"
     return None
 
 
