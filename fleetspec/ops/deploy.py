@@ -141,9 +141,9 @@ class Deploy:
         `lead_in`: the step's first act is a ledger line, so its "started" travels with that."""
         if self.req.pause_at == name:
             self._pause(name)
+        self.current_step = name               # a ledger line that cannot be written is lost in this step
         started = L.Entry.step(self.release_id, name, L.StepState.STARTED)
         self.state.defer(started) if lead_in else self.state.record(started)   # may carry the last step's "ok"
-        self.current_step = name
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
         try:

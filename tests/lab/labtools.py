@@ -25,7 +25,16 @@ def sh(fleet, host, script, timeout=60) -> str:
 
 def ledger(fleet, host, service="sglang-qwen") -> list[dict]:
     text = fleet.run(host, f"cat /var/lib/fleetspec/{service}/ledger.jsonl 2>/dev/null").stdout.decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [entry for entry in map(_entry, text.splitlines()) if entry is not None]
+
+
+def _entry(line: str) -> dict | None:
+    """A ledger line, or None for a blank or torn one (a crash or ENOSPC mid-append, which an
+    earlier test may have left on purpose); fleetspec's own parser skips those too."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
 
 
 def json_rows(stdout: str) -> list[dict]:
