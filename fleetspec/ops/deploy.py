@@ -141,9 +141,17 @@ class Deploy:
         `lead_in`: the step's first act is a ledger line, so its "started" travels with that."""
         if self.req.pause_at == name:
             self._pause(name)
-        self.current_step = name               # a ledger line that cannot be written is lost in this step
         started = L.Entry.step(self.release_id, name, L.StepState.STARTED)
-        self.state.defer(started) if lead_in else self.state.record(started)   # may carry the last step's "ok"
+        if lead_in:
+            self.state.defer(started)
+        else:
+            # A write that fails while it still carries the last step's "ok" fails that step (as the
+            # "ok" line's own write did before lines were deferred); one that carries only this
+            # step's "started" line fails this step.
+            if not self.state.pending:
+                self.current_step = name
+            self.state.record(started)
+        self.current_step = name
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
         try:
