@@ -50,7 +50,7 @@ MaxSessions 64
 # Debian packages a host needs beyond debootstrap's, in a small layer of their own between the
 # base and the sglang layers (so adding one rebuilds neither). The debs come from this machine's apt
 # (Debian 12, as the image) once, into DEBS; builds after that are offline.
-PACKAGES_RECIPE = {"v": 1, "packages": ["sudo"]}
+PACKAGES_RECIPE = {"v": 2, "packages": ["sudo"]}
 DEBS = envs.CACHE / "debs"
 
 
@@ -166,11 +166,14 @@ def _build_packages(debs: list[Path]) -> None:
     (scratch / "work").mkdir(parents=True)
     (scratch / "merged").mkdir()
     q, merged = shlex.quote, scratch / "merged"
-    names = [f"/tmp/{d.name}" for d in debs]
+    # a root-only folder of the image's own, never its world-writable /tmp
+    inbox = "/root/fleetspec-debs"
+    names = [f"{inbox}/{d.name}" for d in debs]
     script = _chroot_script(partial, scratch / "work", merged,
-                            [f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names, strict=True)],
+                            [f"mkdir -m 0700 -- {q(str(merged) + inbox)}",
+                             *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names, strict=True))],
                             [f"/usr/bin/dpkg -i {' '.join(map(q, names))}"],
-                            [f"rm -f -- {' '.join(q(str(merged) + n) for n in names)}"])
+                            [f"rm -rf -- {q(str(merged) + inbox)}"])
     try:
         subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                        check=True, env=_clean_env(), capture_output=True, text=True)

@@ -98,16 +98,16 @@ def test_resolve_inventory_path(tmp_path, monkeypatch):
 def test_become_defaults_to_sudo_for_users_other_than_root(tmp_path, defaults, host, wanted):
     path = tmp_path / "inv.yaml"
     d = f"defaults: {{{defaults}}}\n" if defaults else ""
-    h = host if host.startswith("{") else ("{address: 10.0.0.1, " + host + "}" if host else "{address: 10.0.0.1}")
+    h = host if host.startswith("{") else ("{address: a.gpu.example, " + host + "}" if host else "{address: a.gpu.example}")
     if host.startswith("{"):
-        h = "{address: 10.0.0.1, " + host[1:]
+        h = "{address: a.gpu.example, " + host[1:]
     path.write_text(d + f"hosts:\n  a: {h}\n")
     assert load_inventory(path).hosts["a"].become == wanted
 
 
 def test_become_none_for_a_user_other_than_root_is_refused_naming_the_key(tmp_path):
     path = tmp_path / "inv.yaml"
-    path.write_text("hosts:\n  a: {address: 10.0.0.1, user: ops, become: none}\n")
+    path.write_text("hosts:\n  a: {address: a.gpu.example, user: ops, become: none}\n")
     with pytest.raises(ConfigError) as err:
         load_inventory(path)
     assert "become" in str(err.value) and "ops" in str(err.value)
