@@ -123,14 +123,9 @@ def main() -> int:
     ap.add_argument("--hang-runs", type=int, default=1, help="hang_at_start waits out ready_timeout (120 s in the lab)")
     ap.add_argument("--skip-up", action="store_true", help="the lab is up already (ct129, ct200)")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench/speed.py uses the lab: run it as root, under the lab lock")
-    if not args.skip_up:
-        subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
-                        f"{HOST},{OTHER}"], check=True, timeout=1800)
-    from vs_ansible import wait_healthy  # bench/ is this script's folder
+    from vs_ansible import bring_up_lab  # bench/ is this script's folder
 
-    wait_healthy([HOST, OTHER])
+    bring_up_lab("speed.py", args.skip_up)
     status_s = status(args.runs)
     d = deploy_and_rollback(args.runs)
     print(json.dumps(d), flush=True)

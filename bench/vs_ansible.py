@@ -40,6 +40,16 @@ def fs(*args: str) -> tuple[int, float, str]:
     return timed([sys.executable, "-m", "fleetspec", "--root", str(ROOT), *args])
 
 
+def bring_up_lab(script: str, skip_up: bool) -> None:
+    """As root (the lab needs it), `lab up` of ct129 and ct200 unless told they are up, then wait."""
+    if os.geteuid() != 0:
+        raise SystemExit(f"bench/{script} uses the lab: run it as root, under the lab lock")
+    if not skip_up:
+        subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
+                        f"{HOST},{OTHER}"], check=True, timeout=1800)
+    wait_healthy([HOST, OTHER])
+
+
 def wait_healthy(hosts: list[str], timeout: float = 300) -> None:
     """`lab up` returns once the hosts boot; their engines load after that."""
     deadline = time.monotonic() + timeout
@@ -98,12 +108,7 @@ def main() -> int:
     ap.add_argument("--ansible-playbook", default=shutil.which("ansible-playbook") or "ansible-playbook")
     ap.add_argument("--skip-up", action="store_true")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench/vs_ansible.py uses the lab: run it as root, under the lab lock")
-    if not args.skip_up:
-        subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts",
-                        f"{HOST},{OTHER}"], check=True, timeout=1800)
-    wait_healthy([HOST, OTHER])
+    bring_up_lab("vs_ansible.py", args.skip_up)
     variables, inventory = playbook_vars(args.health_retries)
     work = Path(tempfile.mkdtemp(prefix="fleetspec-vs-ansible-"))
     (work / "vars.json").write_text(json.dumps(variables))

@@ -157,6 +157,18 @@ def write_inventory(path: Path, servers: dict[str, Sshd], client_key: Path, know
     return path
 
 
+@pytest.fixture
+def t(tmp_path, sshd, ssh_client_key, inventory_writer):
+    """A Transport to the loopback sshd as host `h` (what the remote-layer unit tests drive)."""
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.remote.transport import Transport
+
+    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
+    transport = Transport(host)
+    yield transport
+    transport.close()
+
+
 @pytest.fixture(scope="session")
 def inventory_writer():
     """The write_inventory helper, for tests that build inventories of loopback sshds."""

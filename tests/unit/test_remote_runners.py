@@ -9,17 +9,7 @@ import os
 import pytest
 
 from fleetspec.errors import RemoteError
-from fleetspec.model.inventory import load_inventory
 from fleetspec.remote import files, release_files
-from fleetspec.remote.transport import Transport
-
-
-@pytest.fixture
-def t(tmp_path, sshd, ssh_client_key, inventory_writer):
-    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
-    transport = Transport(host)
-    yield transport
-    transport.close()
 
 
 def test_sha256_map_lists_existing_files_only(t, tmp_path):

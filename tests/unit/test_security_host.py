@@ -56,14 +56,6 @@ def mode(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.fixture
-def t(tmp_path, sshd, ssh_client_key, inventory_writer):
-    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
-    transport = Transport(host)
-    yield transport
-    transport.close()
-
-
 def _as_nobody(script: str) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", script], capture_output=True, text=True)
 

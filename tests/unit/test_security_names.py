@@ -80,14 +80,6 @@ def test_the_ledger_keeps_only_entries_whose_release_is_a_name(release):
     assert parsed.skipped == ([] if is_name(release) else [1])
 
 
-@pytest.fixture
-def t(tmp_path, sshd, ssh_client_key, inventory_writer):
-    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
-    transport = Transport(host)
-    yield transport
-    transport.close()
-
-
 def test_prune_never_follows_a_release_id_out_of_releases(t, tmp_path):
     """A ledger that names `../../victim` healthy: prune (keep 1) removes old releases, never it."""
     root = tmp_path / "state"
