@@ -7,6 +7,7 @@ ExecStart`, the drop-in folder, sglang's files against pip's RECORD, and the led
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from tests.lab import labtools
 from tests.lab.labtools import fs
@@ -142,7 +144,10 @@ FAULTS = [
 @pytest.mark.parametrize("fault,failed_step", FAULTS)
 def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_step):
     fs(lab_fleet, "lab", "fault", HOST, *fault, "only_algorithm=DDTREE", check_rc=0)
-    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--json")
+    # A hung start is found only at the host's ready_timeout: 45 s here (the lab's 120 s is for
+    # loaded machines), which still leaves the baseline's ~10 s load three times its time.
+    with ready_timeout(lab_fleet, 45 if fault == ["hang_at_start"] else None):
+        r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--json")
     assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"] == "rolled_back" and out["failed_step"] == failed_step, out
@@ -156,6 +161,22 @@ def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_s
     assert story[-3:] == ["switched", "failed", "rolled_back"], story
     steps = [e["name"] for e in ledger(lab_fleet) if e["release"] == out["release"] and e["kind"] == "step"]
     assert steps[-1] == "revert"
+
+
+@contextlib.contextmanager
+def ready_timeout(fleet, seconds: float | None):
+    """ct129's extra.ready_timeout set to `seconds` in the lab inventory for the block."""
+    if seconds is None:
+        yield
+        return
+    before = fleet.inventory.read_bytes()
+    data = yaml.safe_load(before)
+    data["hosts"][HOST].setdefault("vars", {}).setdefault("extra", {})["ready_timeout"] = seconds
+    fleet.inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    try:
+        yield
+    finally:
+        fleet.inventory.write_bytes(before)
 
 
 def _start_paused_deploy(fleet, step):
