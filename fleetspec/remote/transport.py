@@ -22,7 +22,7 @@ import tenacity
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
-from fleetspec.remote.api import CommandResult, HttpResponse, TransportLike
+from fleetspec.remote.api import CommandResult, HttpResponse, Prelude, TransportLike
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
 from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
@@ -160,17 +160,23 @@ class Transport(FileTransfer, HttpOverSsh):
     def _wrap(self, script: str) -> str:
         return become_sudo(script) if self.needs_sudo else f"sh -c {shlex.quote(script)}"
 
+    carries_preludes = True     # run/run_script take a `prelude` (ops/hoststate.py's ledger lines)
+
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
-            stdin: bytes | None = None) -> CommandResult:
+            stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult:
         """Run argv (joined with shlex) on the host; as root, or via `sudo -n` (become: sudo)."""
         command = shlex.join(str(a) for a in argv)
+        if prelude is not None:
+            return self._exec(self._wrap(prelude.script + command), command, timeout, check, stdin, prelude)
         full = become_sudo(command) if self.needs_sudo else command
         return self._exec(full, command, timeout, check, stdin)
 
     def run_script(self, script: str, timeout: float | None = None, check: bool = False,
-                   stdin: bytes | None = None) -> CommandResult:
-        """Run a shell script (its words already quoted with shlex.quote) under `sh -c`."""
-        return self._exec(self._wrap(script), script, timeout, check, stdin)
+                   stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult:
+        """Run a shell script (its words already quoted with shlex.quote) under `sh -c`. A
+        `prelude` runs first in the same shell; its `settle` reads the result before `check`."""
+        text = prelude.script + script if prelude is not None else script
+        return self._exec(self._wrap(text), script, timeout, check, stdin, prelude)
 
     def check_access(self) -> None:
         """With become: sudo, one `sudo -n true` before the first command: a user who may not
@@ -187,7 +193,7 @@ class Transport(FileTransfer, HttpOverSsh):
                             f"(user:/become: in {h.inventory_path or 'the inventory'})")
         self._access_ok = True
 
-    def _exec(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
+    def _exec(self, full: str, shown: str, timeout, check, stdin, prelude: Prelude | None = None) -> CommandResult:
         self.check_access()
         began = time.monotonic()
         try:
@@ -195,7 +201,9 @@ class Transport(FileTransfer, HttpOverSsh):
         except RemoteError as err:
             _observe(self.name, shown, began, f"error: {err}")
             raise
-        _observe(self.name, shown, began, f"rc={result.rc}")
+        _observe(self.name, shown, began, f"rc={result.rc}" + (" +prelude" if prelude is not None else ""))
+        if prelude is not None:
+            result = prelude.settle(result)      # raises when the prelude failed: nothing else ran
         if check and result.rc != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
             raise RemoteError(f"{self.name}: `{_short(shown)}` exited {result.rc}: {detail[0][:300]}")
