@@ -309,9 +309,15 @@ class Carrying:
             self._state.flush()
         return self._t.put_bytes(data, path, mode, durable)
 
-    def open_exec(self, script: str):
-        self._state.flush()
-        return self._t.open_exec(script)
+    def take_prelude(self):
+        """The deferred lines for a long-lived command that settles them itself (systemd.UnitStream)."""
+        return self._prelude()
+
+    def open_exec(self, script: str, prelude=None):
+        if prelude is None:
+            self._state.flush()
+            return self._t.open_exec(script)
+        return self._t.open_exec(script, prelude=prelude)
 
 
 def _release_name(release_id: str, host: str) -> str:

@@ -260,15 +260,16 @@ class Transport(FileTransfer, HttpOverSsh):
             err += chan.recv_stderr(_CHUNK)
         return out, err
 
-    def open_exec(self, script: str):
-        """Start a long-lived command whose stdin is our channel (the deploy lock's holder).
-        The caller owns the channel; closing it (or this process dying) ends the command."""
+    def open_exec(self, script: str, prelude: Prelude | None = None):
+        """Start a long-lived command whose stdin is our channel (the deploy lock's holder, the
+        readiness watch). The caller owns the channel; closing it (or this process dying) ends
+        the command. A `prelude` runs first; the caller settles it from what the command prints."""
         self.check_access()
         began = time.monotonic()
         ssh = self.connect()
         try:
             chan = ssh.open_session(timeout=self.host.connect_timeout)
-            chan.exec_command(self._wrap(script))
+            chan.exec_command(self._wrap(prelude.script + script if prelude is not None else script))
         except (paramiko.SSHException, EOFError, OSError) as err:
             _observe(self.name, script, began, f"error: {err}")
             raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None
