@@ -106,7 +106,8 @@ class Deploy:
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
-        with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
+        with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
+                        read=str(self.state.layout.ledger)) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
             try:
@@ -130,7 +131,7 @@ class Deploy:
                         return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
-                self.state.flush()
+                lock.remove_files(self.t)       # carries commit's "ok" line: one command for both
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
@@ -186,8 +187,9 @@ class Deploy:
     # Steps ------------------------------------------------------------------------------------
     def _record_preflight(self) -> dict:
         # Again, under the lock: a deploy that got in (and died) since preflight's read-only look
-        # must not become this deploy's "previous good state".
-        ledger = self.state.ledger()
+        # must not become this deploy's "previous good state". The lock's holder read it once it
+        # held the lock (RemoteLock read=): no command of its own.
+        ledger = L.parse(self.lock.read_text or "")
         try:
             preflight_mod.check_interrupted(self.state, self.host.name, ledger)
         except NeedsAttention as err:
@@ -290,7 +292,7 @@ class Deploy:
         return {"figures": figures}
 
     def _commit(self) -> dict:
-        self._mark(L.HEALTHY)
+        self.state.defer(L.Entry.status(self.release_id, L.HEALTHY))    # rides with prune's first command
         pruned = (switching.prune(self.t, self.state, keep=self.pf.keep_releases, protect=[self.previous])
                   if self.req.prune else [])
         return {"pruned": pruned}

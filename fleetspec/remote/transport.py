@@ -17,15 +17,13 @@ import threading
 import time
 from typing import Sequence
 
-import paramiko
-import tenacity
-
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
 from fleetspec.remote.api import CommandResult, HttpResponse, Prelude, TransportLike
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
 from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
+from fleetspec.remote.ssh_lib import paramiko
 from fleetspec.remote.transfer import FileTransfer
 
 __all__ = ["CommandResult", "HostKeyError", "HttpResponse", "Transport", "TransportLike", "TransportPool",
@@ -62,17 +60,26 @@ class Transport(FileTransfer, HttpOverSsh):
                 return self._ssh
             self._close_locked()
             deadline = time.monotonic() + self.host.connect_timeout
-            retry = tenacity.Retrying(
-                retry=tenacity.retry_if_exception_type(_Retryable),
-                stop=tenacity.stop_before_delay(self.host.connect_timeout),
-                wait=tenacity.wait_exponential(multiplier=0.2, max=2),
-                reraise=True)
             try:
-                self._ssh = retry(self._connect_once, deadline)
+                self._ssh = self._connect_retrying(deadline)
             except _Retryable as err:
                 raise RemoteError(f"{self.name}: cannot reach {self.host.address}:{self.host.port}"
                                   f"{' via ' + str(self.host.jump) if self.host.jump else ''}: {err}") from None
             return self._ssh
+
+    def _connect_retrying(self, deadline: float) -> paramiko.Transport:
+        """_connect_once until it succeeds, waiting 0.2 s, 0.4 s, … (at most 2 s) between tries;
+        the last _Retryable is raised once the next wait would pass the deadline (a small loop in
+        place of tenacity, whose import cost every CLI start more than this needs)."""
+        wait = 0.2
+        while True:
+            try:
+                return self._connect_once(deadline)
+            except _Retryable:
+                if time.monotonic() + wait >= deadline:
+                    raise
+                time.sleep(wait)
+                wait = min(wait * 2, 2.0)
 
     def _connect_once(self, deadline: float) -> paramiko.Transport:
         h = self.host

@@ -124,3 +124,15 @@ def test_sftp_outside_the_state_root_sends_the_lines_first_inside_it_does_not(t,
     outside = tmp_path / "etc-file"
     state.io.put_bytes(b"y", str(outside), durable=False)
     assert not state.pending and _names(state) == [("stage", "started")] and outside.read_bytes() == b"y"
+
+
+def test_the_lock_holder_reads_the_ledger_once_it_holds_the_lock(t, tmp_path, seen):
+    """Deploy's second ledger read (under the lock, after preflight's) costs no command of its own."""
+    state = _state(t, tmp_path)
+    with RemoteLock(t, str(state.layout.lock), release="r", read=str(state.layout.ledger)) as lock:
+        assert lock.read_text is None                          # no ledger yet
+    state.record(L.Entry.status("R0", L.STAGED))
+    seen.clear()
+    with RemoteLock(t, str(state.layout.lock), release="r", read=str(state.layout.ledger)) as lock:
+        assert L.parse(lock.read_text).releases() == {"R0": L.STAGED}
+        assert len(seen) == 1                                   # the holder's own command only
