@@ -22,6 +22,7 @@ from fleetspec.model.names import is_name
 from fleetspec.model.release import Release
 from fleetspec.remote import files
 from fleetspec.remote.api import CommandResult, TransportLike
+from fleetspec.remote.carrier import Carrying
 from fleetspec.remote.lock import RemoteLock
 
 ABSENT = files.ABSENT
@@ -71,9 +72,9 @@ class HostState:
         self._sent_ids: set[int] = set()
 
     @property
-    def io(self) -> "Carrying":
+    def io(self) -> Carrying:
         """The transport for this state's own reads and writes: it carries the deferred lines."""
-        return Carrying(self)
+        return self.carrier()
 
     # ledger -----------------------------------------------------------------------------
     def defer(self, entry: ledger_model.Entry) -> None:
@@ -110,15 +111,13 @@ class HostState:
             return None
         entries, self.pending = self.pending, []
         lines = self._lines(entries)
-        guard = self.lock.guard() + "; " if self.lock is not None else ""
-        inner = guard + files.append_lines_script(str(self.layout.base), str(self.layout.ledger), lines)
-        script = (f"( exec </dev/null >&2; {inner} ) || {{ echo {PRELUDE_MARKER} $? >&2; "
-                  f"exit {PRELUDE_FAILED}; }}\n")
+        guard = self.lock.guard() if self.lock is not None else ""
+        script = files.prelude_script(guard, str(self.layout.base), str(self.layout.ledger), lines)
         return LedgerPrelude(script, lambda r: self._settle_prelude(entries, lines, r))
 
-    def carrier(self) -> "Carrying":
-        """A transport whose commands carry the deferred lines (see Carrying)."""
-        return Carrying(self)
+    def carrier(self) -> Carrying:
+        """A transport whose commands carry the deferred lines (remote/carrier.py)."""
+        return Carrying(self.t, self.prelude, self.flush, str(self.root))
 
     def _lines(self, entries: list[ledger_model.Entry]) -> list[str]:
         lines = [e.to_line() for e in entries]
@@ -250,8 +249,7 @@ class HostState:
         return None
 
 
-PRELUDE_FAILED = 86      # reserved exit status: the ledger prelude failed, the command itself never ran
-PRELUDE_MARKER = "FLEETSPEC-LEDGER-PRELUDE-FAILED"
+PRELUDE_FAILED, PRELUDE_MARKER = files.PRELUDE_FAILED, files.PRELUDE_MARKER
 
 
 class LedgerWriteFailed(RemoteError):
@@ -272,52 +270,6 @@ def charged_step(entries: list[ledger_model.Entry]) -> str | None:
 class LedgerPrelude:
     script: str
     settle: Callable[[CommandResult], CommandResult]
-
-
-class Carrying:
-    """The deploy's transport: every command carries the deferred ledger lines in front of its
-    own work (HostState.prelude), so a step's lines cost no command of their own. An SFTP write
-    outside fleetspec's state root (a host change) and a long-lived command send them first; HTTP
-    requests change nothing and leave them waiting."""
-
-    def __init__(self, state: HostState):
-        self._state, self._t = state, state.t
-
-    def __getattr__(self, name):
-        return getattr(self._t, name)
-
-    def _prelude(self):
-        if getattr(self._t, "carries_preludes", False):
-            return self._state.prelude()
-        self._state.flush()
-        return None
-
-    def run(self, argv, timeout=None, check=False, stdin=None) -> CommandResult:
-        prelude = self._prelude()
-        if prelude is None:
-            return self._t.run(argv, timeout, check, stdin)
-        return self._t.run(argv, timeout, check, stdin, prelude=prelude)
-
-    def run_script(self, script, timeout=None, check=False, stdin=None) -> CommandResult:
-        prelude = self._prelude()
-        if prelude is None:
-            return self._t.run_script(script, timeout, check, stdin)
-        return self._t.run_script(script, timeout, check, stdin, prelude=prelude)
-
-    def put_bytes(self, data: bytes, path: str, mode: int = 0o644, durable: bool = True) -> None:
-        if not PurePosixPath(path).is_relative_to(str(self._state.root)):
-            self._state.flush()
-        return self._t.put_bytes(data, path, mode, durable)
-
-    def take_prelude(self):
-        """The deferred lines for a long-lived command that settles them itself (systemd.UnitStream)."""
-        return self._prelude()
-
-    def open_exec(self, script: str, prelude=None):
-        if prelude is None:
-            self._state.flush()
-            return self._t.open_exec(script)
-        return self._t.open_exec(script, prelude=prelude)
 
 
 def _release_name(release_id: str, host: str) -> str:
