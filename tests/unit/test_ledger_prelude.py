@@ -136,3 +136,32 @@ def test_the_lock_holder_reads_the_ledger_once_it_holds_the_lock(t, tmp_path, se
     with RemoteLock(t, str(state.layout.lock), release="r", read=str(state.layout.ledger)) as lock:
         assert L.parse(lock.read_text).releases() == {"R0": L.STAGED}
         assert len(seen) == 1                                   # the holder's own command only
+
+
+def test_a_deploy_whose_ledger_fails_at_the_next_steps_first_command_fails_the_step_it_carried(t, tmp_path, monkeypatch):
+    """Deploy.step with the prelude: the write carrying baseline's "ok" fails (the ledger became
+    unwritable during baseline), so the deploy stops there, charged to baseline, host unchanged."""
+    from types import SimpleNamespace
+
+    from fleetspec.ops import deploy as deploy_mod
+
+    pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {})
+    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
+    ran = []
+
+    def baseline_step(self):
+        self.state.current()                                   # carries preflight ok + baseline started
+        ledger = Path(self.state.layout.ledger)
+        ledger.unlink()
+        ledger.mkdir()                                         # every later append fails
+        return {}
+
+    monkeypatch.setattr(deploy_mod.Deploy, "_baseline", baseline_step)
+    monkeypatch.setattr(deploy_mod.Deploy, "_stage", lambda self: ran.append(self.t.run_script("echo staged")))
+    req = deploy_mod.DeployRequest(host=t.host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path)
+    d = deploy_mod.Deploy(t, req, echo=lambda line: None)
+    d.state.layout = _state(t, tmp_path).layout
+    out = d.run()
+    assert (out.status, out.exit_code, out.failed_step) == ("failed", 1, "baseline"), out
+    assert "appending to" in out.reason and "not changed" in out.reason
+    assert ran == []                                           # stage's command never ran
