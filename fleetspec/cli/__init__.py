@@ -16,6 +16,22 @@ class FleetspecGroup(click.Group):
     """Turns FleetspecError into one line on stderr and its exit code; never a traceback. (The SSH
     pool is closed by the root context's close, registered where the pool is made: cli/context.py.)"""
 
+    def list_commands(self, ctx):
+        from fleetspec.cli import commands
+
+        return sorted({*self.commands, *commands.MODULES})
+
+    def get_command(self, ctx, name):
+        """Import a command's module the first time it is asked for (cli/commands.py)."""
+        if name not in self.commands:
+            from fleetspec.cli import commands, examples
+
+            for command in commands.load(name):
+                if command.name not in self.commands:
+                    self.add_command(command)
+                    examples.install_command(command)
+        return self.commands.get(name)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -65,12 +81,3 @@ def main(ctx, root, inventory, accept_new_host_key, verbose):
         ctx.call_on_close(lambda: transport.remove_observer(observer))
 
 
-def _register() -> None:
-    from fleetspec.cli import commands, examples
-
-    for command in commands.ALL:
-        main.add_command(command)
-    examples.install(main)
-
-
-_register()

@@ -75,18 +75,23 @@ def _fault_help(cmd) -> str:
 def install(group: click.Group, prefix: str = "") -> None:
     """Add `Example: …` to each command's help (recursively); list fault kinds under `lab fault`."""
     for name, cmd in group.commands.items():
-        path = f"{prefix}{name}"
-        example = EXAMPLES.get(path)
-        if example and "Example:" not in (cmd.help or ""):
-            cmd.help = inspect.cleandoc(cmd.help or "").rstrip() + f"\n\n\b\nExample: {example}"
-        if path == "lab fault":
-            _lazy_fault_help(cmd, example)
-        for param in cmd.params:
-            text = OPTION_HELP.get((path, param.name))
-            if isinstance(param, click.Option) and not param.help and text:
-                param.help = text
-        if isinstance(cmd, click.Group):
-            install(cmd, path + " ")
+        install_command(cmd, f"{prefix}{name}")
+
+
+def install_command(cmd: click.Command, path: str | None = None) -> None:
+    """install() for one command (and its subcommands) at `path` (default: its own name)."""
+    path = path or cmd.name
+    example = EXAMPLES.get(path)
+    if example and "Example:" not in (cmd.help or ""):
+        cmd.help = inspect.cleandoc(cmd.help or "").rstrip() + f"\n\n\b\nExample: {example}"
+    if path == "lab fault":
+        _lazy_fault_help(cmd, example)
+    for param in cmd.params:
+        text = OPTION_HELP.get((path, param.name))
+        if isinstance(param, click.Option) and not param.help and text:
+            param.help = text
+    if isinstance(cmd, click.Group):
+        install(cmd, path + " ")
 
 
 def _lazy_fault_help(cmd, example: str | None) -> None:

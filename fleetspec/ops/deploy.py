@@ -23,7 +23,7 @@ from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops import probes, switching
 from fleetspec.ops.baseline import take_baseline
-from fleetspec.ops.hoststate import HostState
+from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import LockLost, RemoteLock
 
@@ -87,6 +87,7 @@ class Deploy:
         self.host = req.host
         self.service = req.host.vars.service
         self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
+        self.t = self.state.carrier()      # each command carries the deferred ledger lines
         self.release_id = new_release_id(req.playbook.algo)
         self.started = time.monotonic()
         self.engine_wait = 0.0
@@ -105,7 +106,8 @@ class Deploy:
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
-        with RemoteLock(self.t, str(self.state.layout.lock), release=self.release_id, note=self.echo) as lock:
+        with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
+                        read=str(self.state.layout.ledger)) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
             try:
@@ -116,7 +118,7 @@ class Deploy:
                     self.step("smoke", self._smoke)
                     self.step("render", self._render)
                     self.step("measure", self._measure_before)
-                    self.step("switch", self._switch, lead_in=True)
+                    self.step("switch", self._switch)
                     self.step("restart", self._restart)
                     self.step("probes", self._probes)
                     self.step("gates", self._gates)
@@ -129,28 +131,20 @@ class Deploy:
                         return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
-                self.state.flush()
+                lock.remove_files(self.t)       # carries commit's "ok" line: one command for both
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
 
     # Step machinery -------------------------------------------------------------------------
-    def step(self, name: str, fn: Callable[[], dict | None], lead_in: bool = False) -> None:
-        """Run one step between its ledger lines. Its "ok" line travels with the next line
-        recorded (the next step's "started", which is written before that step's work);
-        `lead_in`: the step's first act is a ledger line, so its "started" travels with that."""
+    def step(self, name: str, fn: Callable[[], dict | None]) -> None:
+        """Run one step between its ledger lines. Its "started" line rides in front of the step's
+        first remote command (HostState.prelude: same shell, before the work) and its "ok" line
+        with the next one. A write that fails there is charged as hoststate.charged_step says: to
+        the step whose "ok" it carried, else to the step it started (see _lost)."""
         if self.req.pause_at == name:
             self._pause(name)
-        started = L.Entry.step(self.release_id, name, L.StepState.STARTED)
-        if lead_in:
-            self.state.defer(started)
-        else:
-            # A write that fails while it still carries the last step's "ok" fails that step (as the
-            # "ok" line's own write did before lines were deferred); one that carries only this
-            # step's "started" line fails this step.
-            if not self.state.pending:
-                self.current_step = name
-            self.state.record(started)
+        self.state.defer(L.Entry.step(self.release_id, name, L.StepState.STARTED))
         self.current_step = name
         self.echo(f"[{self.host.name}] {name}")
         began = time.monotonic()
@@ -160,8 +154,8 @@ class Deploy:
             self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=failure.reason,
                                            evidence=failure.evidence))
             raise
-        except LockLost:
-            raise                      # not ours any more: no ledger line, straight to _lost
+        except (LockLost, LedgerWriteFailed):
+            raise                      # not ours any more / the ledger is not writable: straight to _lost
         except FleetspecError as err:
             self.state.record(L.Entry.step(self.release_id, name, L.StepState.FAILED, reason=str(err)))
             raise StepFailed(name, str(err)) from err
@@ -193,8 +187,9 @@ class Deploy:
     # Steps ------------------------------------------------------------------------------------
     def _record_preflight(self) -> dict:
         # Again, under the lock: a deploy that got in (and died) since preflight's read-only look
-        # must not become this deploy's "previous good state".
-        ledger = self.state.ledger()
+        # must not become this deploy's "previous good state". The lock's holder read it once it
+        # held the lock (RemoteLock read=): no command of its own.
+        ledger = L.parse(self.lock.read_text or "")
         try:
             preflight_mod.check_interrupted(self.state, self.host.name, ledger)
         except NeedsAttention as err:
@@ -249,10 +244,16 @@ class Deploy:
         return {"figures": self.pf.before.figures()}
 
     def _switch(self) -> dict:
-        self._mark(L.SWITCHED, previous=self.previous or BASELINE)
-        self.switched = True
+        # SWITCHED rides in front of the first file change, in the same shell (`&&`): durable before it.
+        mark = L.Entry.status(self.release_id, L.SWITCHED, previous=self.previous or BASELINE)
+        self.state.defer(mark)
         hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
-        switching.activate(self.t, self.state, self.release, after_files=hook)
+        try:
+            switching.activate(self.t, self.state, self.release, after_files=hook)
+        finally:
+            self.switched = self.state.was_sent(mark)
+            if not self.switched:
+                self.state.discard(mark)          # nothing was changed: the ledger must not say so
         mismatch = switching.loaded_exec_start_mismatch(self.t, self.service, self.release)
         if mismatch:   # an admin drop-in wins over ours: never restart onto the old command
             raise StepFailed("switch", f"after daemon-reload systemd does not hold the derived ExecStart ({mismatch}); "
@@ -291,7 +292,7 @@ class Deploy:
         return {"figures": figures}
 
     def _commit(self) -> dict:
-        self._mark(L.HEALTHY)
+        self.state.defer(L.Entry.status(self.release_id, L.HEALTHY))    # rides with prune's first command
         pruned = (switching.prune(self.t, self.state, keep=self.pf.keep_releases, protect=[self.previous])
                   if self.req.prune else [])
         return {"pruned": pruned}
@@ -326,7 +327,7 @@ class Deploy:
     def _lost(self, err: FleetspecError) -> DeployOutcome:
         """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
         After the switch it may run an unproven release: exit 3 with the command that finishes it."""
-        where = getattr(self, "current_step", "preflight")
+        where = getattr(err, "charged_step", None) or getattr(self, "current_step", "preflight")
         if isinstance(err, LockLost):
             # Someone else may act on the host now: no revert, no ledger line, nothing more from us.
             self.echo(f"[{self.host.name}] {err}")

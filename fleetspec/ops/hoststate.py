@@ -21,7 +21,8 @@ from fleetspec.model.layout import STATE_ROOT, HostLayout
 from fleetspec.model.names import is_name
 from fleetspec.model.release import Release
 from fleetspec.remote import files
-from fleetspec.remote.api import TransportLike
+from fleetspec.remote.api import CommandResult, TransportLike
+from fleetspec.remote.carrier import Carrying
 from fleetspec.remote.lock import RemoteLock
 
 ABSENT = files.ABSENT
@@ -67,12 +68,26 @@ class HostState:
         self.dropin = dropin_path(self.service)
         self.repaired: str | None = None       # said by read_baseline when it put the baseline back
         self.pending: list[ledger_model.Entry] = []
+        self.broken: RemoteError | None = None     # a prelude's write failed: the carrier stops
+        self._sent_ids: set[int] = set()
+
+    @property
+    def io(self) -> Carrying:
+        """The transport for this state's own reads and writes: it carries the deferred lines."""
+        return self.carrier()
 
     # ledger -----------------------------------------------------------------------------
     def defer(self, entry: ledger_model.Entry) -> None:
-        """Keep a line to travel with the next record() (one SSH command for both). Only for a
-        line whose delay changes no decision: nothing on the host changes before that record."""
+        """Keep a line to travel with the next record() or the next command sent through
+        carrier() (its prelude). Only for a line whose delay changes no decision."""
         self.pending.append(entry)
+
+    def discard(self, entry: ledger_model.Entry) -> None:
+        """Take back a deferred line not sent yet (its act never happened)."""
+        self.pending = [e for e in self.pending if e is not entry]
+
+    def was_sent(self, entry: ledger_model.Entry) -> bool:
+        return id(entry) in self._sent_ids
 
     def flush(self) -> None:
         if self.pending:
@@ -82,21 +97,65 @@ class HostState:
         """Append the deferred lines and `entry`, in order, in one command (each line its own
         O_APPEND write)."""
         entries, self.pending = [*self.pending, *([entry] if entry is not None else [])], []
-        lines = [e.to_line() for e in entries]
-        if self.redact is not None:
-            lines = [self.redact(line) for line in lines]
+        lines = self._lines(entries)
         guard = self.lock.guard() if self.lock is not None else ""
         r = files.append_private_lines(self.t, str(self.layout.base), str(self.layout.ledger), lines, guard)
-        if guard:
-            self.lock.check(r)                 # LockLost: nothing written, the caller stops
+        self._settle(entries, lines, r)
+
+    def prelude(self) -> "LedgerPrelude | None":
+        """The deferred lines as a prelude for the next command (None when there are none): the
+        lock guard and the appends run first in that command's shell, apart from it."""
+        if self.broken is not None:
+            raise self.broken
+        if not self.pending:
+            return None
+        entries, self.pending = self.pending, []
+        lines = self._lines(entries)
+        guard = self.lock.guard() if self.lock is not None else ""
+        script = files.prelude_script(guard, str(self.layout.base), str(self.layout.ledger), lines)
+        return LedgerPrelude(script, lambda r: self._settle_prelude(entries, lines, r))
+
+    def carrier(self) -> Carrying:
+        """A transport whose commands carry the deferred lines (remote/carrier.py)."""
+        return Carrying(self.t, self.prelude, self.flush, str(self.root))
+
+    def _lines(self, entries: list[ledger_model.Entry]) -> list[str]:
+        lines = [e.to_line() for e in entries]
+        return [self.redact(line) for line in lines] if self.redact is not None else lines
+
+    def _settle_prelude(self, entries, lines, r: CommandResult) -> CommandResult:
+        marks = [ln for ln in r.stderr.splitlines() if ln.startswith(PRELUDE_MARKER + " ")]
+        if r.rc != PRELUDE_FAILED or not marks:
+            self._settle(entries, lines, CommandResult(r.command, 0, "", ""))
+            return r
+        rc = int(marks[-1].split()[1]) if marks[-1].split()[1:2] and marks[-1].split()[1].isdigit() else 1
+        stderr = "\n".join(ln for ln in r.stderr.splitlines() if not ln.startswith(PRELUDE_MARKER + " "))
+        try:
+            self._settle(entries, lines, CommandResult(r.command, rc or 1, "", stderr))
+        except RemoteError as err:
+            self.broken = err                  # nothing more goes out through the carrier
+            raise
+        return r
+
+    def _settle(self, entries, lines, r: CommandResult) -> None:
+        """After an append: LockLost (nothing written) or LedgerWriteFailed, each naming the step
+        the failure is charged to; else the mirror gets the lines too."""
+        try:
+            if self.lock is not None:
+                self.lock.check(r)             # LockLost: nothing written, the caller stops
             if r.rc != 0:
                 detail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"exit {r.rc}"]
-                raise RemoteError(f"{self.host}: appending to {self.layout.ledger} exited {r.rc}: {detail[0][:300]}")
+                raise LedgerWriteFailed(f"{self.host}: appending to {self.layout.ledger} exited {r.rc}: "
+                                        f"{detail[0][:300]}")
+        except RemoteError as err:
+            err.charged_step = charged_step(entries)
+            raise
+        self._sent_ids.update(id(e) for e in entries)
         if self.mirror:
             append_private(self.mirror / "ledger.jsonl", "".join(line + "\n" for line in lines))
 
     def ledger(self) -> ledger_model.ParsedLedger:
-        return ledger_model.parse(files.read_text(self.t, str(self.layout.ledger)) or "")
+        return ledger_model.parse(files.read_text(self.io, str(self.layout.ledger)) or "")
 
     # baseline ---------------------------------------------------------------------------
     def read_baseline(self, repair: bool = True) -> Baseline | None:
@@ -104,7 +163,7 @@ class HostState:
         from the fleet root's mirror when that one verifies (`repair`, under the lock; else the
         mirror's copy is only read); otherwise it is refused, never guessed."""
         path = str(self.layout.baseline / "baseline.json")
-        return self.baseline_from_text(files.read_text(self.t, path), repair=repair)
+        return self.baseline_from_text(files.read_text(self.io, path), repair=repair)
 
     def baseline_from_text(self, text: str | None, repair: bool = False) -> Baseline | None:
         """read_baseline's verdict on baseline.json's text already read (status reads it with its
@@ -137,7 +196,7 @@ class HostState:
 
     def file_modes(self, paths: list[str]) -> dict[str, int]:
         """Permission bits of the files that exist among `paths`."""
-        return files.file_modes(self.t, paths)
+        return files.file_modes(self.io, paths)
 
     def write_baseline(self, baseline: Baseline, *, replace: bool = False) -> Baseline:
         """Build baseline.tmp/, then rename it into place: a baseline is whole or absent. The
@@ -148,12 +207,12 @@ class HostState:
             baseline = dataclasses.replace(baseline, modes=self.file_modes([baseline.unit_path, *baseline.dropins]))
         base = str(self.layout.baseline)
         tmp = base + files.TMP_SUFFIX
-        files.fresh_private_tree(self.t, str(self.layout.base), tmp, ("dropins",))
-        self.t.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o600)
-        self.t.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=copy_mode(baseline.modes.get(baseline.unit_path)))
+        files.fresh_private_tree(self.io, str(self.layout.base), tmp, ("dropins",))
+        self.io.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o600)
+        self.io.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=copy_mode(baseline.modes.get(baseline.unit_path)))
         for i, (path, data) in enumerate(sorted(baseline.dropins.items())):
-            self.t.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=copy_mode(baseline.modes.get(path)))
-        files.rename_into_place(self.t, tmp, base, replace=replace)
+            self.io.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=copy_mode(baseline.modes.get(path)))
+        files.rename_into_place(self.io, tmp, base, replace=replace)
         if self.mirror:
             write_private(self.mirror / "baseline.json", baseline.to_json().encode())
         return baseline
@@ -161,7 +220,7 @@ class HostState:
     # releases ---------------------------------------------------------------------------
     def current(self) -> str | None:
         """The release `current` points at, or None (the baseline)."""
-        out = files.readlink(self.t, str(self.layout.current))
+        out = files.readlink(self.io, str(self.layout.current))
         if not out:
             return None
         name = PurePosixPath(out).name
@@ -173,21 +232,44 @@ class HostState:
     def read_release(self, release_id: str) -> Release:
         path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
         try:
-            return Release.from_json(self.t.get_bytes(str(path)).decode())
+            return Release.from_json(self.io.get_bytes(str(path)).decode())
         except (ValueError, TypeError, KeyError) as err:
             raise RemoteError(f"{self.host}: {path} is not a valid release manifest: {str(err)[:200]}") from None
 
     def release_exists(self, release_id: str) -> bool:
         path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
-        return files.is_file(self.t, str(path))
+        return files.is_file(self.io, str(path))
 
     def dropin_bytes(self) -> bytes | None:
         """fleetspec's drop-in as on the host now (under its current or its legacy name)."""
         for path in (self.dropin, *legacy_dropin_paths(self.service)):
-            text = files.read_text(self.t, path)
+            text = files.read_text(self.io, path)
             if text is not None:
                 return text.encode()
         return None
+
+
+PRELUDE_FAILED, PRELUDE_MARKER = files.PRELUDE_FAILED, files.PRELUDE_MARKER
+
+
+class LedgerWriteFailed(RemoteError):
+    """Appending the ledger failed (disk full, read-only): the step it is charged to stops there."""
+
+
+def charged_step(entries: list[ledger_model.Entry]) -> str | None:
+    """The step a failed write is charged to: the first step whose "ok" line it carried (that step
+    did not end as recorded), else the first step whose "started" line it carried."""
+    for state in (ledger_model.StepState.OK, ledger_model.StepState.STARTED):
+        for e in entries:
+            if e.kind == "step" and e.state == state:
+                return e.name
+    return None
+
+
+@dataclass
+class LedgerPrelude:
+    script: str
+    settle: Callable[[CommandResult], CommandResult]
 
 
 def _release_name(release_id: str, host: str) -> str:

@@ -3,7 +3,7 @@
 `systemctl restart` returns 0 even for a unit that crashes, so readiness is decided only by what
 the service answers: /ready, /health, /server_info (the resolved algorithm) and a real greedy
 /generate. /v1/models answers before warm-up and is never used. While waiting, the unit's state
-is read too, so a crash-looping unit fails the probe at once instead of at the deadline.
+is streamed by one host-side loop, so a unit whose process exits fails the probe at once.
 """
 
 from __future__ import annotations
@@ -54,14 +54,24 @@ POLL_CAP_S = 1.0   # the longest pause between looks: a crash or readiness is se
 
 def wait_healthy(t, service: str, spec: ProbeSpec, *, since: systemd.Restarted | None = None,
                  progress: Callable[[str], None] = lambda _: None, clock=time.monotonic) -> ProbeResult:
-    """Poll until the service generates with the expected algorithm, its process exits (a
-    failure at once: no waiting out a restart loop), or the deadline."""
+    """Poll /ready until the service generates with the expected algorithm, its process exits (a
+    failure at once: no waiting out a restart loop), or the deadline. The unit's state comes from
+    one host-side watch (systemd.UnitStream) read between the polls; where it cannot run or has
+    ended, from one `systemctl show` per look."""
+    take = getattr(t, "take_prelude", None)
+    stream = systemd.UnitStream(t, service, spec.ready_timeout + 5, prelude=take() if take else None)
+    try:
+        return _wait(t, service, spec, since, progress, clock, stream)
+    finally:
+        stream.close()
+
+
+def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
     start = clock()
     delay = spec.interval
-    last = "no answer yet"
     while True:
         waited = clock() - start
-        unit = systemd.look(t, service)
+        unit = stream.latest(wait=2.0) or systemd.look(t, service)
         if systemd.exited(unit, since):
             return ProbeResult(False, "unit", f"{service} exited: {unit.describe()}", waited,
                                {"unit": unit.active_state, "result": unit.result, "exit_status": unit.main_status})
@@ -73,7 +83,11 @@ def wait_healthy(t, service: str, spec: ProbeSpec, *, since: systemd.Restarted |
                  f"{waited:.0f}s of {spec.ready_timeout:.0f}s")
         if waited >= spec.ready_timeout:
             return ProbeResult(False, "ready", f"not ready after {spec.ready_timeout:.0f}s ({last})", waited)
-        time.sleep(min(delay, max(0.0, spec.ready_timeout - waited)))
+        pause = min(delay, max(0.0, spec.ready_timeout - waited))
+        if stream.ended:
+            time.sleep(pause)
+        else:                          # a unit exit during the pause ends it at once
+            stream.watch(pause, lambda u: systemd.exited(u, since))
         delay = min(delay * 1.5, max(spec.interval, POLL_CAP_S))
 
 

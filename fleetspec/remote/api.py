@@ -38,6 +38,16 @@ class HttpResponse:
         return self.body.decode("utf-8", errors="replace")
 
 
+class Prelude(Protocol):
+    """Shell run before a command in the same remote shell (ops/hoststate.py: deferred ledger
+    lines). `script` ends with a newline; `settle` gets the command's result, raises when the
+    prelude itself failed (then nothing of the command ran) and else returns the result as is."""
+
+    script: str
+
+    def settle(self, result: CommandResult) -> CommandResult: ...
+
+
 class TransportLike(Protocol):
     """A connection to one host: commands, atomic file transfer, HTTP to its loopback."""
 

@@ -190,9 +190,25 @@ def append_private_lines(t: TransportLike, folder: str, path: str, lines: list[s
     made if needed, in one command. A `guard` (a shell test that must pass first, e.g. the lock's)
     makes a failure the caller's to read."""
     prefix = guard + "; " if guard else ""
+    return t.run_script(prefix + append_lines_script(folder, path, lines), timeout=30, check=not guard)
+
+
+PRELUDE_FAILED = 86      # reserved exit status: the prelude failed, the command itself never ran
+PRELUDE_MARKER = "FLEETSPEC-LEDGER-PRELUDE-FAILED"
+
+
+def prelude_script(guard: str, folder: str, path: str, lines: list[str]) -> str:
+    """Shell to put in front of a command: `guard`, then the appends, in a subshell (its umask,
+    stdin and stdout stay there); on failure the marker and its status on stderr, exit
+    PRELUDE_FAILED, and the command after it never runs."""
+    inner = (guard + "; " if guard else "") + append_lines_script(folder, path, lines)
+    return f"( exec </dev/null >&2; {inner} ) || {{ echo {PRELUDE_MARKER} $? >&2; exit {PRELUDE_FAILED}; }}\n"
+
+
+def append_lines_script(folder: str, path: str, lines: list[str]) -> str:
+    """append_private_lines' shell (umask 077: run it in a subshell when more follows)."""
     appends = " && ".join(f"{{ {append_line(path, line)}; }}" for line in lines)
-    return t.run_script(prefix + f"umask 077 && mkdir -p -- {q(folder)} && chmod 0700 -- {q(folder)} && "
-                        + appends, timeout=30, check=not guard)
+    return f"umask 077 && mkdir -p -- {q(folder)} && chmod 0700 -- {q(folder)} && " + appends
 
 
 def fresh_private_tree(t: TransportLike, parent_dir: str, tmp: str, subdirs: tuple[str, ...] = ()) -> None:

@@ -9,10 +9,9 @@ from base64 import b64encode
 from hashlib import sha256
 from pathlib import Path
 
-import paramiko
-
 from fleetspec.errors import RemoteError
 from fleetspec.model.inventory import Host
+from fleetspec.remote.ssh_lib import paramiko
 
 
 class HostKeyError(RemoteError):

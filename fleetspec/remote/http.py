@@ -10,11 +10,10 @@ import socket
 import time
 from typing import Any
 
-import paramiko
-
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.remote.api import HttpResponse
 from fleetspec.remote.observe import _observe
+from fleetspec.remote.ssh_lib import paramiko
 
 _CHUNK = 65536
 

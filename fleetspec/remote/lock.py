@@ -26,12 +26,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-import paramiko
-
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.identity import controller_id
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.ssh_lib import paramiko
 
 q = shlex.quote
 BUSY = 75
@@ -113,9 +112,19 @@ def _link_target(lock: str, token: str) -> str:
     return f"{os.path.basename(holders_dir(lock))}/{token}.json"
 
 
-def acquire_script(lock: str, holder: Holder) -> str:
+READ_ABSENT, READ_FAILED = "A", "E"
+
+
+def read_under_lock(path: str) -> str:
+    """One line: `T <base64 of path>`, READ_ABSENT or READ_FAILED (acquire_script's `read`)."""
+    return (f"if [ -e {q(path)} ]; then b=$(base64 -w0 -- {q(path)}) && printf 'T %s\\n' \"$b\" "
+            f"|| echo {READ_FAILED}; else echo {READ_ABSENT}; fi")
+
+
+def acquire_script(lock: str, holder: Holder, read: str | None = None) -> str:
     """flock, then (holding it) clear earlier holders' leftovers, write our record with the remote
-    holder's pid ($$ survives the exec), point LOCK.holder at it, and append heartbeats to our file."""
+    holder's pid ($$ survives the exec), point LOCK.holder at it, and append heartbeats to our file.
+    `read`: a file to print (read_under_lock) on the line after LOCKED, read while the lock is held."""
     if not holder.token or not holder.token.isalnum():
         raise ValueError("a lock holder needs an alphanumeric token")
     fields = {k: v for k, v in holder.__dict__.items() if k != "remote_pid"}
@@ -126,7 +135,8 @@ def acquire_script(lock: str, holder: Holder) -> str:
              f"printf '%s%s}}' {q(head)} \"$$\" > {q(rec + files.TMP_SUFFIX)} && mv -f {q(rec + files.TMP_SUFFIX)} {q(rec)} "
              f"&& ln -sfn {q(_link_target(lock, holder.token))} {q(link + files.TMP_SUFFIX)} "
              f"&& mv -Tf {q(link + files.TMP_SUFFIX)} {q(link)} "
-             f"&& : > {q(hb)} && echo LOCKED $$ && exec cat >> {q(hb)}")
+             f"&& : > {q(hb)} && echo LOCKED $$ && {{ {read_under_lock(read) if read else ':'}; }} "
+             f"&& exec cat >> {q(hb)}")
     return f"mkdir -p \"$(dirname {q(lock)})\" && exec flock -n -E {BUSY} {q(lock)} sh -c {q(inner)}"
 
 
@@ -166,8 +176,10 @@ def is_held(t: TransportLike, lock: str) -> bool:
 
 class RemoteLock:
     def __init__(self, t: TransportLike, lock: str, *, release: str, note=lambda line: None, holder: Holder | None = None,
-                 heartbeat: bool = True):
-        self.t, self.lock, self.note = t, lock, note
+                 heartbeat: bool = True, read: str | None = None):
+        self.t, self.lock, self.note, self.read = t, lock, note, read
+        self.read_text: str | None = None   # `read`'s text as the holder read it under the lock (None: absent)
+        self._files_removed = False
         self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
                                        pid=os.getpid(), since=time.time(), release=release,
                                        controller=controller_id(), token=secrets.token_hex(16))
@@ -179,10 +191,12 @@ class RemoteLock:
 
     def __enter__(self) -> "RemoteLock":
         for attempt in (1, 2):
-            self.channel = self.t.open_exec(acquire_script(self.lock, self.holder))
+            self.channel = self.t.open_exec(acquire_script(self.lock, self.holder, self.read))
             line = _read_line(self.channel, timeout=30)
             if line.startswith("LOCKED"):
                 self.remote_pid = int(line.split()[1])
+                if self.read:
+                    self.read_text = self._read_file_line()
                 if self._heartbeat:
                     self._beats = threading.Thread(target=self._beat, name="lock-heartbeat", daemon=True)
                     self._beats.start()
@@ -213,6 +227,17 @@ class RemoteLock:
             raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
         raise RemoteError(f"{self.t.host.name}: could not take {self.lock}")
 
+    def _read_file_line(self) -> str | None:
+        line = _read_long_line(self.channel, timeout=60)
+        if line == READ_ABSENT:
+            return None
+        if not line.startswith("T "):
+            self.__exit__(None, None, None)
+            raise RemoteError(f"{self.t.host.name}: could not read {self.read} under {self.lock}: {line[:200] or 'no answer'}")
+        import base64
+
+        return base64.b64decode(line[2:]).decode("utf-8", "replace")
+
     def _beat(self) -> None:
         while not self._stop.wait(heartbeat_s()):
             try:
@@ -241,11 +266,21 @@ class RemoteLock:
             raise LockLost(f"{self.t.host.name}: lost the lock on {self.lock} (ended by someone else, or our session "
                            f"on the host died){who}; stopped without changing anything more")
 
+    def remove_files(self, t: TransportLike) -> None:
+        """Remove our record and heartbeat now, through `t` (one whose commands carry the last
+        ledger lines: then that write and this cost one command); __exit__ then only closes."""
+        t.run_script(self._remove_script(), timeout=30, check=False)
+        self._files_removed = True
+
+    def _remove_script(self) -> str:
+        # only our own record and heartbeat: LOCK.holder may already name a newer holder
+        return f"rm -f {q(record_path(self.lock, self.holder.token))} {q(heartbeat_path(self.lock, self.holder.token))}"
+
     def __exit__(self, *exc) -> None:
         self.stop_heartbeat()
-        try:   # only our own record and heartbeat: LOCK.holder may already name a newer holder
-            self.t.run_script(f"rm -f {q(record_path(self.lock, self.holder.token))} "
-                              f"{q(heartbeat_path(self.lock, self.holder.token))}", timeout=30, check=False)
+        try:
+            if not self._files_removed:
+                self.t.run_script(self._remove_script(), timeout=30, check=False)
         except RemoteError:
             pass    # the host is out of reach: the lock frees itself when our session ends
         finally:
@@ -292,6 +327,21 @@ def _end_holder(t: TransportLike, lock: str, holder: Holder) -> None:
     t.run_script(f"[ \"$(cat /proc/{pid}/comm 2>/dev/null)\" = cat ] && kill {pid}; for i in 1 2 3 4 5 6 7 8 9 10; do "
                  f"flock -n {q(lock)} true && break; sleep 0.2; done; {own}{legacy}",
                  timeout=30, check=False)
+
+
+def _read_long_line(channel, timeout: float) -> str:
+    """One line that may be long (a file's base64), read in chunks: nothing follows it."""
+    channel.settimeout(timeout)
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            chunk = channel.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        pass
+    return data.decode(errors="replace").strip()
 
 
 def _read_line(channel, timeout: float) -> str:

@@ -13,7 +13,9 @@ and `exited` compares.
 from __future__ import annotations
 
 import base64
+import select
 import shlex
+import time
 from dataclasses import dataclass
 
 from fleetspec.remote import facts, files
@@ -94,6 +96,90 @@ def _int(value: str | None) -> int | None:
 
 def look(t: TransportLike, service: str) -> UnitWatch:
     return parse_watch(t.run_script(show_command(service), timeout=30, check=True).stdout)
+
+
+WATCH_EVERY_S = 0.5
+_TICK = "."
+
+
+def watch_script(service: str, deadline_s: float, show: str | None = None) -> str:
+    """A host-side loop for the readiness wait: every WATCH_EVERY_S, `systemctl show` of WATCH as
+    one tab-separated line when it changed, else a bare "." (a closed channel then ends the loop
+    with SIGPIPE within one tick); it ends by itself after `deadline_s` either way. `show`: the
+    command that prints the state (the unit tests' stand-in for systemctl)."""
+    show = show or show_command(service)
+    return (f"end=$(( $(date +%s) + {int(deadline_s) + 1} )); last=; "
+            f"while [ \"$(date +%s)\" -lt \"$end\" ]; do "
+            f"now=$({show} | tr '\\n' '\\t') || exit 1; "
+            f"if [ \"$now\" != \"$last\" ]; then printf '%s\\n' \"$now\" || exit 0; last=$now; "
+            f"else echo {_TICK} || exit 0; fi; sleep {WATCH_EVERY_S}; done")
+
+
+def parse_watch_line(line: str) -> UnitWatch | None:
+    """One line of watch_script (None for a tick)."""
+    line = line.strip()
+    return parse_watch(line.replace("\t", "\n")) if "=" in line else None
+
+
+class UnitStream:
+    """The unit's state as watch_script streams it, over one long-lived command: `latest()` reads
+    what arrived without waiting for the host. A prelude (ops/hoststate.py) runs before the loop;
+    it is settled by the first line (the loop only starts once it succeeded) or by the end."""
+
+    def __init__(self, t: TransportLike, service: str, deadline_s: float, prelude=None, show: str | None = None):
+        script = watch_script(service, deadline_s, show)
+        self.chan = t.open_exec(script, prelude=prelude) if prelude is not None else t.open_exec(script)
+        self.prelude, self.state, self.ended = prelude, None, False
+        self._buf, self._err = b"", b""
+
+    def latest(self, wait: float = 0.0) -> UnitWatch | None:
+        """The newest state seen (waiting up to `wait` s for a first one); None once the loop has
+        ended (the caller then looks with one `systemctl show`, as before the stream)."""
+        until = time.monotonic() + wait
+        while True:
+            self._drain()
+            if self.ended:
+                return None
+            if self.state is not None or time.monotonic() >= until:
+                return self.state
+            select.select([self.chan], [], [], max(0.0, min(0.1, until - time.monotonic())))
+
+    def watch(self, seconds: float, stop) -> UnitWatch | None:
+        """Read for up to `seconds`, returning at once the first new state for which `stop` holds."""
+        until = time.monotonic() + seconds
+        while not self.ended:
+            seen = self.state
+            self._drain()
+            if self.state is not seen and self.state is not None and stop(self.state):
+                return self.state
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            select.select([self.chan], [], [], min(left, 0.25))
+        return None
+
+    def _drain(self) -> None:
+        while self.chan.recv_ready():
+            self._buf += self.chan.recv(65536)
+        while self.chan.recv_stderr_ready():
+            self._err += self.chan.recv_stderr(65536)
+        *lines, self._buf = self._buf.split(b"\n")
+        for raw in lines:
+            self._settle(0)
+            unit = parse_watch_line(raw.decode("utf-8", "replace"))
+            if unit is not None:
+                self.state = unit
+        if self.chan.exit_status_ready() and not self.chan.recv_ready():
+            self.ended = True
+            self._settle(self.chan.recv_exit_status())
+
+    def _settle(self, rc: int) -> None:
+        if self.prelude is not None:
+            prelude, self.prelude = self.prelude, None
+            prelude.settle(CommandResult("readiness watch", rc, "", self._err.decode("utf-8", "replace")))
+
+    def close(self) -> None:
+        self.chan.close()
 
 
 def restart(t: TransportLike, service: str) -> Restarted:

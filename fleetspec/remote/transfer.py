@@ -12,10 +12,9 @@ import socket
 import time
 from pathlib import PurePosixPath
 
-import paramiko
-
 from fleetspec.errors import RemoteError
 from fleetspec.remote.observe import _observe
+from fleetspec.remote.ssh_lib import paramiko
 
 
 class FileTransfer:

@@ -17,15 +17,13 @@ import threading
 import time
 from typing import Sequence
 
-import paramiko
-import tenacity
-
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
-from fleetspec.remote.api import CommandResult, HttpResponse, TransportLike
+from fleetspec.remote.api import CommandResult, HttpResponse, Prelude, TransportLike
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
 from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
+from fleetspec.remote.ssh_lib import paramiko
 from fleetspec.remote.transfer import FileTransfer
 
 __all__ = ["CommandResult", "HostKeyError", "HttpResponse", "Transport", "TransportLike", "TransportPool",
@@ -62,17 +60,26 @@ class Transport(FileTransfer, HttpOverSsh):
                 return self._ssh
             self._close_locked()
             deadline = time.monotonic() + self.host.connect_timeout
-            retry = tenacity.Retrying(
-                retry=tenacity.retry_if_exception_type(_Retryable),
-                stop=tenacity.stop_before_delay(self.host.connect_timeout),
-                wait=tenacity.wait_exponential(multiplier=0.2, max=2),
-                reraise=True)
             try:
-                self._ssh = retry(self._connect_once, deadline)
+                self._ssh = self._connect_retrying(deadline)
             except _Retryable as err:
                 raise RemoteError(f"{self.name}: cannot reach {self.host.address}:{self.host.port}"
                                   f"{' via ' + str(self.host.jump) if self.host.jump else ''}: {err}") from None
             return self._ssh
+
+    def _connect_retrying(self, deadline: float) -> paramiko.Transport:
+        """_connect_once until it succeeds, waiting 0.2 s, 0.4 s, … (at most 2 s) between tries;
+        the last _Retryable is raised once the next wait would pass the deadline (a small loop in
+        place of tenacity, whose import cost every CLI start more than this needs)."""
+        wait = 0.2
+        while True:
+            try:
+                return self._connect_once(deadline)
+            except _Retryable:
+                if time.monotonic() + wait >= deadline:
+                    raise
+                time.sleep(wait)
+                wait = min(wait * 2, 2.0)
 
     def _connect_once(self, deadline: float) -> paramiko.Transport:
         h = self.host
@@ -160,17 +167,23 @@ class Transport(FileTransfer, HttpOverSsh):
     def _wrap(self, script: str) -> str:
         return become_sudo(script) if self.needs_sudo else f"sh -c {shlex.quote(script)}"
 
+    carries_preludes = True     # run/run_script take a `prelude` (ops/hoststate.py's ledger lines)
+
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
-            stdin: bytes | None = None) -> CommandResult:
+            stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult:
         """Run argv (joined with shlex) on the host; as root, or via `sudo -n` (become: sudo)."""
         command = shlex.join(str(a) for a in argv)
+        if prelude is not None:
+            return self._exec(self._wrap(prelude.script + command), command, timeout, check, stdin, prelude)
         full = become_sudo(command) if self.needs_sudo else command
         return self._exec(full, command, timeout, check, stdin)
 
     def run_script(self, script: str, timeout: float | None = None, check: bool = False,
-                   stdin: bytes | None = None) -> CommandResult:
-        """Run a shell script (its words already quoted with shlex.quote) under `sh -c`."""
-        return self._exec(self._wrap(script), script, timeout, check, stdin)
+                   stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult:
+        """Run a shell script (its words already quoted with shlex.quote) under `sh -c`. A
+        `prelude` runs first in the same shell; its `settle` reads the result before `check`."""
+        text = prelude.script + script if prelude is not None else script
+        return self._exec(self._wrap(text), script, timeout, check, stdin, prelude)
 
     def check_access(self) -> None:
         """With become: sudo, one `sudo -n true` before the first command: a user who may not
@@ -187,7 +200,7 @@ class Transport(FileTransfer, HttpOverSsh):
                             f"(user:/become: in {h.inventory_path or 'the inventory'})")
         self._access_ok = True
 
-    def _exec(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
+    def _exec(self, full: str, shown: str, timeout, check, stdin, prelude: Prelude | None = None) -> CommandResult:
         self.check_access()
         began = time.monotonic()
         try:
@@ -195,7 +208,9 @@ class Transport(FileTransfer, HttpOverSsh):
         except RemoteError as err:
             _observe(self.name, shown, began, f"error: {err}")
             raise
-        _observe(self.name, shown, began, f"rc={result.rc}")
+        _observe(self.name, shown, began, f"rc={result.rc}" + (" +prelude" if prelude is not None else ""))
+        if prelude is not None:
+            result = prelude.settle(result)      # raises when the prelude failed: nothing else ran
         if check and result.rc != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
             raise RemoteError(f"{self.name}: `{_short(shown)}` exited {result.rc}: {detail[0][:300]}")
@@ -252,15 +267,16 @@ class Transport(FileTransfer, HttpOverSsh):
             err += chan.recv_stderr(_CHUNK)
         return out, err
 
-    def open_exec(self, script: str):
-        """Start a long-lived command whose stdin is our channel (the deploy lock's holder).
-        The caller owns the channel; closing it (or this process dying) ends the command."""
+    def open_exec(self, script: str, prelude: Prelude | None = None):
+        """Start a long-lived command whose stdin is our channel (the deploy lock's holder, the
+        readiness watch). The caller owns the channel; closing it (or this process dying) ends
+        the command. A `prelude` runs first; the caller settles it from what the command prints."""
         self.check_access()
         began = time.monotonic()
         ssh = self.connect()
         try:
             chan = ssh.open_session(timeout=self.host.connect_timeout)
-            chan.exec_command(self._wrap(script))
+            chan.exec_command(self._wrap(prelude.script + script if prelude is not None else script))
         except (paramiko.SSHException, EOFError, OSError) as err:
             _observe(self.name, script, began, f"error: {err}")
             raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None

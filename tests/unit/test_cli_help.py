@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def walk(group: click.Group, path=()):
-    for name, cmd in group.commands.items():
+    for name in group.list_commands(None):          # commands load on demand (cli/commands.py)
+        cmd = group.get_command(None, name)
         yield (*path, name), cmd
         if isinstance(cmd, click.Group):
             yield from walk(cmd, (*path, name))
@@ -167,3 +168,24 @@ def test_verbose_hides_the_values_of_playbook_secret_env(tmp_path, monkeypatch, 
     observe("a", "printf %s hf-opx-77-secret > /etc/x\nsecond line", 0.25, "rc=0")
     err = capsys.readouterr().err
     assert err == "[a] 0.250s rc=0: printf %s *** > /etc/x\n    second line\n"
+
+
+def test_every_command_module_is_named_in_the_lazy_map_and_a_deploy_loads_only_its_own():
+    import importlib
+
+    from fleetspec.cli import commands
+
+    for module in set(commands.MODULES.values()):
+        names = [c.name for c in importlib.import_module(f"fleetspec.cli.{module}").COMMANDS]
+        assert names and all(commands.MODULES[n] == module for n in names), (module, names)
+    code = ("import sys; from fleetspec.cli import main; sys.argv = ['fleetspec', 'deploy', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('fleetspec.cli.') or m in ('invoke', 'tenacity')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    loaded = out.strip().splitlines()[-1]
+    assert "fleetspec.cli.deploy_cmd" in loaded
+    for other in ("patchset_cmd", "kernels_cmd", "bench_cmd", "lab_cmd", "history_cmd"):
+        assert f"fleetspec.cli.{other}" not in loaded, loaded
+    code = "import sys, fleetspec.remote.transport as t; print('invoke' in sys.modules, t.paramiko.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.split() == ["False", "paramiko"]          # paramiko without invoke (remote/ssh_lib.py)

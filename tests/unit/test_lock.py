@@ -194,6 +194,7 @@ def test_a_deploy_that_loses_its_lock_stops_before_the_next_step(t, host, tmp_pa
     stolen = {}
 
     def baseline_step(self):          # while this step runs, another controller takes the lock
+        self.state.current()          # the real step's first command: it carries the "started" line
         stolen["lock"] = _steal(t, str(self.state.layout.lock), self.lock, monkeypatch)
         return {}
 

@@ -59,3 +59,68 @@ def test_restart_command_notes_the_state_in_the_same_command_and_quotes_the_name
     assert systemd.restart(rec, "a b.service") == systemd.Restarted(2, 77)
     assert rec.script.startswith("systemctl show -p ActiveState,") and rec.script.count("'a b.service'") == 3
     assert rec.script.index("systemctl show") < rec.script.index("reset-failed") < rec.script.index("restart --no-block")
+
+
+# The readiness wait as one host command (issue 17): systemd.watch_script / UnitStream ----------------
+def test_a_watch_line_parses_as_the_same_show_output_does():
+    import json
+    from pathlib import Path
+
+    real = json.loads((Path(__file__).parents[1] / "fixtures/facts/systemd/crashed-transient-lab.json").read_text())
+    line = "\t".join(real["stdout"].splitlines()) + "\t"      # what watch_script's `tr '\n' '\t'` makes of it
+    unit = systemd.parse_watch_line(line)
+    assert (unit.active_state, unit.sub_state, unit.result, unit.n_restarts) == ("failed", "failed", "exit-code", 0)
+    assert systemd.exited(unit, BEFORE)
+    assert systemd.parse_watch_line(".") is None and systemd.parse_watch_line("") is None
+    crashed = show("activating", "auto-restart", "exit-code", n=0, code=1, status=1, start=3_000, exit_=4_000)
+    text = ("ActiveState=activating\nSubState=auto-restart\nResult=exit-code\nNRestarts=0\nExecMainCode=1\n"
+            "ExecMainStatus=1\nExecMainStartTimestampMonotonic=3000\nExecMainExitTimestampMonotonic=4000\n")
+    assert systemd.parse_watch_line(text.replace("\n", "\t")) == crashed
+
+
+def _state_file(tmp_path, active, sub, start=3_000, exit_=0):
+    path = tmp_path / "state"
+    tmp = tmp_path / "state.tmp"
+    tmp.write_text(f"ActiveState={active}\nSubState={sub}\nResult=success\nNRestarts=0\nExecMainCode=1\n"
+                   f"ExecMainStatus=1\nExecMainStartTimestampMonotonic={start}\nExecMainExitTimestampMonotonic={exit_}\n")
+    tmp.replace(path)
+    return path
+
+
+def _remote_pids(t, tmp_path):
+    return t.run_script(f"pgrep -f 'cat [{str(tmp_path)[0]}]{str(tmp_path)[1:]}/state' || true").stdout.split()
+
+
+def test_the_stream_sees_a_change_at_once_and_ends_when_closed(t, tmp_path):
+    import time
+
+    path = _state_file(tmp_path, "activating", "start")
+    stream = systemd.UnitStream(t, "svc", 60, show=f"cat {path}")
+    try:
+        assert stream.latest(wait=5).sub_state == "start"
+        began = time.monotonic()
+        _state_file(tmp_path, "activating", "auto-restart", exit_=4_000)
+        seen = stream.watch(5, lambda u: systemd.exited(u, BEFORE))
+        assert seen is not None and seen.sub_state == "auto-restart" and time.monotonic() - began < 1.5
+        assert stream.latest().sub_state == "auto-restart" and not stream.ended
+    finally:
+        stream.close()
+    deadline = time.monotonic() + 5
+    while _remote_pids(t, tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _remote_pids(t, tmp_path), "the host loop outlived its channel"
+
+
+def test_the_stream_ends_by_itself_at_its_deadline(t, tmp_path):
+    import time
+
+    path = _state_file(tmp_path, "active", "running")
+    stream = systemd.UnitStream(t, "svc", 1, show=f"cat {path}")
+    try:
+        assert stream.latest(wait=5) is not None
+        deadline = time.monotonic() + 6
+        while stream.latest() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stream.ended and stream.latest() is None       # the caller falls back to one look
+    finally:
+        stream.close()
