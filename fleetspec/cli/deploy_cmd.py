@@ -31,8 +31,9 @@ from fleetspec.cli.output import Progress, echo_table
 @click.pass_obj
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
            parallel, rollback_all_on_abort, yes, as_json):
-    """Move hosts to an algo: preflight, lock, baseline, stage, smoke, render, switch, restart,
-    probes, gates, commit. Any failure after the switch reverts the host (exit 1).
+    """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
+    background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
+    Any failure after the switch reverts the host (exit 1).
 
     \b
     Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
@@ -65,6 +66,12 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     sys.exit(max((o.exit_code for o in outcomes), default=0))
 
 
+# What --plan prints as the order; `ops.deploy.Deploy.run` is the order itself (the lab's kill
+# sweep, tests/lab/test_reliability_crash.py, pins it).
+STEP_ORDER = ("preflight", "lock", "baseline", "stage (smoke tests start, detached)", "render", "measure",
+              "smoke (their verdict)", "switch", "restart", "probes", "gates", "commit")
+
+
 def _print_plan(o) -> None:
     if o.plan is None:
         click.echo(f"{o.host}: {o.status}: {o.reason}")
@@ -94,6 +101,7 @@ def _print_plan(o) -> None:
     for path, digest in {**p["files"], **p["kernels"]}.items():
         click.echo(f"   {digest[:16]}  {path}")
     click.echo(f"-- smoke tests: {', '.join(p['smoke']) or 'none'}")
+    click.echo(f"-- steps: {' -> '.join(STEP_ORDER)}")
     click.echo(f"-- gates: {', '.join(p['gates']) or 'none'}")
 
 
