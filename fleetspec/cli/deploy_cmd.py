@@ -26,11 +26,13 @@ from fleetspec.cli.output import Progress, echo_table
 @click.option("--max-fail", default="0", show_default=True, help="Failures tolerated fleet-wide (K or P%).")
 @click.option("--parallel", type=int, default=0, help="Hosts at once within a batch (default: the batch size).")
 @click.option("--rollback-all-on-abort", is_flag=True, help="On abort, also roll back hosts moved in this run.")
+@click.option("--prestage", is_flag=True,
+              help="While the first batch deploys, stage the release on the later batches' hosts (nothing live changes).")
 @click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
-           parallel, rollback_all_on_abort, yes, as_json):
+           parallel, rollback_all_on_abort, prestage, yes, as_json):
     """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
     background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
     Any failure after the switch reverts the host (exit 1).
@@ -46,7 +48,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     playbook = load_playbook_for(obj.root_path, algo)
     options = parse_overrides(playbook, sets)
     strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
-                                    parallel=parallel, rollback_all_on_abort=rollback_all_on_abort)
+                                    parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,
+                                    prestage=prestage)
     if not plan_only and not yes and sys.stdin.isatty():
         click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
     progress = Progress(enabled=not as_json)

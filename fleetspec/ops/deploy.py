@@ -46,6 +46,7 @@ class DeployRequest:
     run_gates: bool = True
     prune: bool = True                 # bench deploys keep the operator's releases untouched
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
+    release_id: str | None = None      # a release --prestage staged on the host: used if still as planned
 
 
 class Outcome(StrEnum):
@@ -87,7 +88,7 @@ class Deploy:
         self.host = req.host
         self.service = req.host.vars.service
         self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
-        self.release_id = new_release_id(req.playbook.algo)
+        self.release_id = req.release_id or new_release_id(req.playbook.algo)
         self.started = time.monotonic()
         self.engine_wait = 0.0
         self.step_seconds: dict[str, float] = {}
@@ -226,13 +227,14 @@ class Deploy:
 
     def _stage(self) -> dict:
         self.release, sent = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
-                                             mode=self.req.mode)
+                                             mode=self.req.mode, reuse=self.req.release_id is not None)
         self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line
         try:
             self.smoke_run = smoke_run.start(self.t, self.pf, self.state, self.release)
         except FleetspecError as err:      # the smoke step reports it, where the verdict would be
             self.smoke_error = err
-        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent}
+        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent or 0,
+                **({"prestaged": True} if sent is None else {})}
 
     def _smoke(self) -> dict:
         """The verdict of the smoke runner `stage` started (it ran while render and measure did)."""
