@@ -28,7 +28,7 @@ POST_SWITCH = {"restart", "probes", "gates", "commit", "switch.files"}
 
 # (mode, pause point, seconds to let it run on before the kill: 0 = killed at the pause)
 POINTS = ([("release", step, 0.0) for step in RELEASE_STEPS]
-          + [("release", "smoke", 3.0),        # waiting for the smoke tests' background python
+          + [("release", "smoke", 1.0),        # waiting for the smoke tests' background python (~3-6 s)
              ("in-place", "switch", 0.0),
              ("in-place", "switch.files", 0.0),  # live files replaced, `current` not yet flipped
              ("in-place", "restart", 0.0),
