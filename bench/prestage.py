@@ -24,7 +24,7 @@ import fleet as F  # noqa: E402  (bench/fleet.py: the CLI runner, JSON lines, ho
 
 def stage_sent(host: str, release: str) -> tuple[int, int]:
     """Bytes the prestage sent and bytes the deploy's own stage step sent, for one host's release."""
-    r, _, _ = F.fs("history", host, "--json")
+    r, _, _ = F.fs("history", host, release, "--json")
     stages = [e for e in F.json_lines(r.stdout) if e.get("release") == release and e.get("name") == "stage"
               and e.get("state") == "ok"]
     pre = sum(int(e["detail"].get("sent_bytes", 0)) for e in stages if e["detail"].get("prestage"))
