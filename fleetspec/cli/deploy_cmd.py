@@ -43,7 +43,9 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     from fleetspec.model.overrides import parse_overrides
     from fleetspec.model.playbook import load_playbook_for
     from fleetspec.ops import fleet
+    from fleetspec.ops.smoke_run import smoke_nice
 
+    smoke_nice()                          # a bad $FLEETSPEC_SMOKE_NICE is refused before any host is touched
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
     options = parse_overrides(playbook, sets)

@@ -5,10 +5,11 @@ just before the switch (`finish`)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fleetspec.errors import FleetspecError
+from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model.release import Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote import background, files
@@ -67,6 +68,15 @@ def run_smoke_scripts(t: TransportLike, python: str, scripts: list[tuple[str, st
     return r, _ran(python, r.rc, r.stdout, r.stderr)
 
 
+def smoke_nice() -> int:
+    """The background runner's CPU niceness: $FLEETSPEC_SMOKE_NICE (0-19), 10 by default, so the
+    engine the gates measure meanwhile keeps the CPU (0 is for measuring that it matters)."""
+    raw = os.environ.get("FLEETSPEC_SMOKE_NICE", "10")
+    if not raw.isdigit() or int(raw) > 19:
+        raise UserError(f"$FLEETSPEC_SMOKE_NICE={raw!r}: expected a whole number from 0 to 19")
+    return int(raw)
+
+
 @dataclass
 class SmokeRun:
     """A smoke runner started in the background on the host (`start`), read by `finish`."""
@@ -89,7 +99,7 @@ def start(t: TransportLike, pf: Preflight, state: HostState, release: Release) -
         env = {"PYTHONPATH": str(rel / "overlay")} if release.files else {}
         command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
         background.start(t, run.folder, command, stdin=_payload([(n, s) for n, s, _ in run.scripts]),
-                         timeout_s=SMOKE_TIMEOUT_S)
+                         timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
     return run
 
 

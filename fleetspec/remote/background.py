@@ -36,8 +36,9 @@ def start_script(folder: str, command: str, *, timeout_s: int, nice: int = 10) -
             f"</dev/null >/dev/null 2>&1 & echo $! >{q(f + '/pid')}; }}")
 
 
-def start(t: TransportLike, folder: str, command: str, *, stdin: bytes, timeout_s: int) -> None:
-    r = t.run_script(start_script(folder, command, timeout_s=timeout_s), timeout=60, check=False, stdin=stdin)
+def start(t: TransportLike, folder: str, command: str, *, stdin: bytes, timeout_s: int, nice: int = 10) -> None:
+    r = t.run_script(start_script(folder, command, timeout_s=timeout_s, nice=nice), timeout=60, check=False,
+                     stdin=stdin)
     if r.rc != 0:
         raise FleetspecError(f"could not start a background process in {folder}: "
                              f"{(r.stderr.strip().splitlines() or [f'exit {r.rc}'])[-1]}")

@@ -137,3 +137,14 @@ def test_a_prestaged_release_is_used_only_while_ledger_manifest_and_secrets_stil
     assert not prestaged_as_planned(t, state, planned, {"SGLANG_API_KEY": "rotated"})
     state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
     assert not prestaged_as_planned(t, state, planned, secrets)   # another deploy abandoned it
+
+
+@pytest.mark.parametrize("raw", ["-1", "20", "ten", ""])
+def test_a_bad_smoke_niceness_is_refused_in_one_line_before_any_host(raw, monkeypatch, tmp_path):
+    import subprocess
+
+    monkeypatch.setenv("FLEETSPEC_SMOKE_NICE", raw)
+    r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(tmp_path), "deploy", "nohost", "--algo", "ddtree",
+                        "--yes"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "FLEETSPEC_SMOKE_NICE" in r.stderr and "0 to 19" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
