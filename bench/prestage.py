@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet as F  # noqa: E402  (bench/fleet.py: the CLI runner, JSON lines, host reset)
 
