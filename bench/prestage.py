@@ -54,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--down", action="store_true", help="take the bench hosts down at the end")
+    ap.add_argument("--down", action="store_true", help="take this fleet root's lab hosts down at the end")
     args = ap.parse_args()
     hosts = [f"ct{220 + i}" for i in range(args.n)]
     subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(F.ROOT), "lab", "up", "--hosts", ",".join(hosts)],
@@ -66,8 +66,7 @@ def main() -> None:
                 rows[prestage].append(one(hosts, prestage))
     finally:
         if args.down:
-            subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(F.ROOT), "lab", "down", "--hosts",
-                            ",".join(hosts)], timeout=600)
+            subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(F.ROOT), "lab", "down"], timeout=600)
     print(f"N={args.n}, canary 1 then {args.n - 1} at once, --no-gates, median of {args.runs} "
           "(stand-in engine figures, shared CPUs)")
     print("| mode | wall s | own s | client CPU s | later hosts' stage s | their smoke s | prestage sent bytes | their stage sent bytes |")
