@@ -26,13 +26,16 @@ from fleetspec.cli.output import Progress, echo_table
 @click.option("--max-fail", default="0", show_default=True, help="Failures tolerated fleet-wide (K or P%).")
 @click.option("--parallel", type=int, default=0, help="Hosts at once within a batch (default: the batch size).")
 @click.option("--rollback-all-on-abort", is_flag=True, help="On abort, also roll back hosts moved in this run.")
+@click.option("--prestage", is_flag=True,
+              help="While the first batch deploys, stage the release on the later batches' hosts (nothing live changes).")
 @click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
-           parallel, rollback_all_on_abort, yes, as_json):
-    """Move hosts to an algo: preflight, lock, baseline, stage, smoke, render, switch, restart,
-    probes, gates, commit. Any failure after the switch reverts the host (exit 1).
+           parallel, rollback_all_on_abort, prestage, yes, as_json):
+    """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
+    background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
+    Any failure after the switch reverts the host (exit 1).
 
     \b
     Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
@@ -40,12 +43,15 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     from fleetspec.model.overrides import parse_overrides
     from fleetspec.model.playbook import load_playbook_for
     from fleetspec.ops import fleet
+    from fleetspec.ops.smoke_run import smoke_nice
 
+    smoke_nice()                          # a bad $FLEETSPEC_SMOKE_NICE is refused before any host is touched
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
     options = parse_overrides(playbook, sets)
     strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
-                                    parallel=parallel, rollback_all_on_abort=rollback_all_on_abort)
+                                    parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,
+                                    prestage=prestage)
     if not plan_only and not yes and sys.stdin.isatty():
         click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
     progress = Progress(enabled=not as_json)
@@ -63,6 +69,12 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     else:
         _print_deploy_summary(outcomes)
     sys.exit(max((o.exit_code for o in outcomes), default=0))
+
+
+# What --plan prints as the order; `ops.deploy.Deploy.run` is the order itself (the lab's kill
+# sweep, tests/lab/test_reliability_crash.py, pins it).
+STEP_ORDER = ("preflight", "lock", "baseline", "stage (smoke tests start, detached)", "render", "measure",
+              "smoke (their verdict)", "switch", "restart", "probes", "gates", "commit")
 
 
 def _print_plan(o) -> None:
@@ -94,6 +106,7 @@ def _print_plan(o) -> None:
     for path, digest in {**p["files"], **p["kernels"]}.items():
         click.echo(f"   {digest[:16]}  {path}")
     click.echo(f"-- smoke tests: {', '.join(p['smoke']) or 'none'}")
+    click.echo(f"-- steps: {' -> '.join(STEP_ORDER)}")
     click.echo(f"-- gates: {', '.join(p['gates']) or 'none'}")
 
 

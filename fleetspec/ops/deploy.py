@@ -21,7 +21,7 @@ from fleetspec.model.layout import local_mirror
 from fleetspec.model.playbook import Playbook
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import preflight as preflight_mod
-from fleetspec.ops import probes, switching
+from fleetspec.ops import probes, smoke_run, switching
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.remote.api import TransportLike
@@ -46,6 +46,7 @@ class DeployRequest:
     run_gates: bool = True
     prune: bool = True                 # bench deploys keep the operator's releases untouched
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
+    release_id: str | None = None      # a release --prestage staged on the host: used if still as planned
 
 
 class Outcome(StrEnum):
@@ -88,13 +89,15 @@ class Deploy:
         self.service = req.host.vars.service
         self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
         self.t = self.state.carrier()      # each command carries the deferred ledger lines
-        self.release_id = new_release_id(req.playbook.algo)
+        self.release_id = req.release_id or new_release_id(req.playbook.algo)
         self.started = time.monotonic()
         self.engine_wait = 0.0
         self.step_seconds: dict[str, float] = {}
         self.switched = False
         self.pf: preflight_mod.Preflight | None = None
         self.release: Release | None = None
+        self.smoke_run: smoke_run.SmokeRun | None = None        # started by stage, read by smoke
+        self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
 
     # The operation --------------------------------------------------------------------------
@@ -114,16 +117,17 @@ class Deploy:
                 try:
                     self.step("preflight", self._record_preflight)
                     self.step("baseline", self._baseline)
-                    self.step("stage", self._stage)
-                    self.step("smoke", self._smoke)
+                    self.step("stage", self._stage)          # starts the smoke runner, detached
                     self.step("render", self._render)
                     self.step("measure", self._measure_before)
+                    self.step("smoke", self._smoke)          # waits for its verdict
                     self.step("switch", self._switch)
                     self.step("restart", self._restart)
                     self.step("probes", self._probes)
                     self.step("gates", self._gates)
                 except StepFailed as failure:
                     if not self.switched:
+                        self._stop_smoke()
                         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
                         if failure.command:
                             return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
@@ -218,18 +222,38 @@ class Deploy:
 
     def _stage(self) -> dict:
         self.release, sent = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
-                                             mode=self.req.mode)
+                                             mode=self.req.mode, reuse=self.req.release_id is not None)
         self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line
-        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent}
+        try:
+            self.smoke_run = smoke_run.start(self.t, self.pf, self.state, self.release)
+        except FleetspecError as err:      # the smoke step reports it, where the verdict would be
+            self.smoke_error = err
+        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent or 0,
+                **({"prestaged": True} if sent is None else {})}
 
     def _smoke(self) -> dict:
-        detail = switching.smoke(self.t, self.pf, self.state, self.release)
+        """The verdict of the smoke runner `stage` started (it ran while render and measure did)."""
+        if self.smoke_error is not None or self.smoke_run is None:
+            raise self.smoke_error or StepFailed("smoke", "the smoke tests were not started")
+        try:
+            detail = smoke_run.finish(self.t, self.smoke_run)
+        finally:
+            self.smoke_run = None          # ended: nothing left to stop
         self.kernel = {k: detail[k] for k in ("candidates", "kernel_note") if k in detail}
         if detail.get("candidates"):
             self.echo(f"[{self.host.name}] DDTree candidates: {detail['candidates']}")
         if detail.get("kernel_note"):
             self.echo(f"[{self.host.name}] note: {detail['kernel_note']}")
         return detail
+
+    def _stop_smoke(self) -> None:
+        """A deploy failing before the switch ends its smoke runner rather than leave it to its timeout."""
+        if self.smoke_run is None or not self.smoke_run.scripts:
+            return
+        try:
+            smoke_run.stop(self.t, self.state, self.release_id)
+        except FleetspecError as err:      # the runner's own timeout still ends it
+            self.echo(f"[{self.host.name}] note: could not stop the smoke runner: {err}")
 
     def _render(self) -> dict:
         return switching.render_release(self.t, self.pf, self.state, self.release)

@@ -37,13 +37,14 @@ class Strategy:
     max_fail: int = 0
     parallel: int = 0
     rollback_all_on_abort: bool = False
+    prestage: bool = False          # stage the later batches' hosts while the first batch deploys
 
     @classmethod
     def parse(cls, total: int, *, canary: int, serial: str, max_fail: str, parallel: int,
-              rollback_all_on_abort: bool) -> "Strategy":
+              rollback_all_on_abort: bool, prestage: bool = False) -> "Strategy":
         s = cls(canary=canary, serial=max(1, _count(serial, total, "serial")) if total else 1,
                 max_fail=_count(max_fail, total, "max-fail"), parallel=parallel,
-                rollback_all_on_abort=rollback_all_on_abort)
+                rollback_all_on_abort=rollback_all_on_abort, prestage=prestage)
         if canary < 0 or parallel < 0:
             raise UserError("--canary and --parallel must not be negative")
         return s
@@ -60,11 +61,13 @@ class Strategy:
 
 
 def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_only, run_gates, echo, progress,
-               pause_at=None, mode="release") -> DeployOutcome:
-    """One host, start to end; every error becomes an outcome so the fleet goes on."""
+               pause_at=None, mode="release", prestaged=None) -> DeployOutcome:
+    """One host, start to end; every error becomes an outcome so the fleet goes on. `prestaged`:
+    the host's prestage (a future of the release id staged there), waited for first."""
     try:
+        release_id = _prestaged_id(host, prestaged, echo)
         req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
-                            options=options, run_gates=run_gates, pause_at=pause_at)
+                            options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id)
         return Deploy(connect(host), req, echo=echo, progress=progress).run()
     except FleetspecError as err:
         status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
@@ -76,6 +79,31 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
         return out
 
 
+def _prestaged_id(host, prestaged, echo) -> str | None:
+    if prestaged is None:
+        return None
+    try:
+        return prestaged.result()
+    except Exception as err:          # the deploy stages as usual (and its preflight says what is wrong)
+        echo(f"[{host.name}] prestage failed, staging in the deploy: {err}")
+        return None
+
+
+def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, mode, echo):
+    """Stage every host after the first batch, `--parallel` at a time, while that batch deploys;
+    returns the pool and {host name: future of the release id}."""
+    from fleetspec.ops.prestage import prestage
+
+    later = [h for batch in batches[1:] for h in batch]
+    if not (strategy.prestage and later):
+        return None, {}
+    pool = ThreadPoolExecutor(max_workers=min(len(later), strategy.parallel or len(later)), thread_name_prefix="prestage")
+    futures = {h.name: pool.submit(lambda h=h: prestage(connect(h), DeployRequest(host=h, playbook=playbook, root=root,
+                                                                                  mode=mode, options=options), echo))
+               for h in later}
+    return pool, futures
+
+
 def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, plan_only=False,
                  run_gates=True, echo=print, progress=lambda _: None, pause_at=None,
                  mode="release") -> list[DeployOutcome]:
@@ -83,14 +111,17 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
     outcomes: dict[str, DeployOutcome] = {}
     stop = threading.Event()
     failures = 0
-    for number, batch in enumerate(strategy.batches(hosts)):
+    batches = strategy.batches(hosts)
+    pre_pool, prestaged = (None, {}) if plan_only else _start_prestage(
+        batches, playbook, connect=connect, root=root, options=options, strategy=strategy, mode=mode, echo=echo)
+    for number, batch in enumerate(batches):
         if stop.is_set():
             break
         width = min(len(batch), strategy.parallel or len(batch))
         pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="deploy")
         futures = {h.name: pool.submit(deploy_one, h, playbook, connect=connect, root=root, options=options,
                                        plan_only=plan_only, run_gates=run_gates, echo=echo, progress=progress,
-                                       pause_at=pause_at, mode=mode)
+                                       pause_at=pause_at, mode=mode, prestaged=prestaged.get(h.name))
                    for h in batch}
         try:
             for name, fut in futures.items():
@@ -108,12 +139,25 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
             if len(outcomes) < len(hosts):      # said only when it stops hosts from starting
                 echo(f"stopping: {failures} failed host(s) after {label} (--max-fail {strategy.max_fail})")
             stop.set()
+    if pre_pool is not None:
+        pre_pool.shutdown(wait=True)        # a prestage always ends: it holds a host's lock
     skipped = [h for h in hosts if h.name not in outcomes]
     for h in skipped:
-        outcomes[h.name] = DeployOutcome(h.name, "skipped", reason="not started: the rollout stopped", exit_code=1)
+        out = outcomes[h.name] = DeployOutcome(h.name, "skipped", reason="not started: the rollout stopped",
+                                               exit_code=1)
+        left = _left_staged(prestaged.get(h.name))
+        if left:
+            out.release = left
+            out.reason += f"; {left} stays staged, unswitched: the next deploy marks it failed, prune removes it"
     if stop.is_set() and strategy.rollback_all_on_abort and not plan_only:
         _rollback_moved(connect, root, hosts, outcomes, echo, progress)
     return [outcomes[h.name] for h in hosts]
+
+
+def _left_staged(future) -> str | None:
+    if future is None or future.exception() is not None:
+        return None
+    return future.result()
 
 
 def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progress) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
+from fleetspec.model.names import is_name
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
 from fleetspec.remote import facts, files, systemd
@@ -123,11 +124,16 @@ def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: byte
 
 
 def abandon_unswitched(state: HostState, running: str, ledger: L.ParsedLedger | None = None) -> list[str]:
-    """Mark deploys that died before `switch` as failed: they changed nothing that runs."""
+    """Mark deploys that died before `switch` as failed: they changed nothing that runs. A smoke
+    runner one of them left in the background is killed (by its recorded pid, if still its own)."""
+    from fleetspec.ops.smoke_run import stop as stop_smoke
+
     ledger = ledger if ledger is not None else state.ledger()
     out = []
     for rid in ledger.interrupted():
         if rid != running and ledger.releases()[rid] != L.SWITCHED:
+            if is_name(rid):
+                stop_smoke(state.t, state, rid)
             state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
             out.append(rid)
     return out

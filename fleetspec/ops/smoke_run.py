@@ -1,18 +1,24 @@
-"""Run a staged release's offline smoke tests in the host's python, before anything switches."""
+"""Run a staged release's offline smoke tests in the host's python, before anything switches:
+in the foreground (`smoke`) or started in the background right after staging (`start`) and read
+just before the switch (`finish`)."""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fleetspec.errors import FleetspecError
+from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model.release import Release
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote import files
+from fleetspec.remote import background, files
 from fleetspec.remote.api import TransportLike
 
 if TYPE_CHECKING:
     from fleetspec.ops.preflight import Preflight
+
+SMOKE_TIMEOUT_S = 600     # the runner's own limit: a controller that dies never leaves it running
 
 # One python process runs every smoke script in turn (each in a fresh namespace), so sglang is
 # imported once per deploy instead of once per test; each script's output and exit code are kept
@@ -38,23 +44,81 @@ sys.stdout.write("\\nFLEETSPEC-SMOKE " + json.dumps(results) + "\\n")
 """
 
 
+def _payload(scripts: list[tuple[str, str]]) -> bytes:
+    return json.dumps([[name, script] for name, script in scripts]).encode()
+
+
+def _ran(python: str, rc: int | None, stdout: str, stderr: str) -> dict:
+    """The runner's {name: [exit code, output]} from its marker line, or why it did not run."""
+    marker = [line for line in stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
+    if not marker:
+        tail = (stderr.strip().splitlines() or [f"exit {rc}" if rc is not None else
+                                                f"killed or timed out after {SMOKE_TIMEOUT_S} s"])[-1]
+        raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
+    return json.loads(marker[-1].split(" ", 1)[1])
+
+
 def run_smoke_scripts(t: TransportLike, python: str, scripts: list[tuple[str, str]], pythonpath: str | None, rundir: str):
     """One runner process for all scripts, started in the root-only `rundir` with PYTHONSAFEPATH
     (files.python_c): never from /tmp, where anyone's json.py or torch.py would run as root.
     Returns (the command's result, {name: [exit code, output]})."""
-    payload = json.dumps([[name, script] for name, script in scripts]).encode()
     env = {"PYTHONPATH": pythonpath} if pythonpath else {}
-    r = files.run_python(t, python, _SMOKE_RUNNER, env=env, rundir=rundir, timeout_s=600, timeout=660,
-                         stdin=payload)
-    marker = [line for line in r.stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
-    if not marker:
-        tail = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
-        raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
-    return r, json.loads(marker[-1].split(" ", 1)[1])
+    r = files.run_python(t, python, _SMOKE_RUNNER, env=env, rundir=rundir, timeout_s=SMOKE_TIMEOUT_S,
+                         timeout=SMOKE_TIMEOUT_S + 60, stdin=_payload(scripts))
+    return r, _ran(python, r.rc, r.stdout, r.stderr)
+
+
+def smoke_nice() -> int:
+    """The background runner's CPU niceness: $FLEETSPEC_SMOKE_NICE (0-19), 10 by default, so the
+    engine the gates measure meanwhile keeps the CPU (0 is for measuring that it matters)."""
+    raw = os.environ.get("FLEETSPEC_SMOKE_NICE", "10")
+    if not raw.isdigit() or int(raw) > 19:
+        raise UserError(f"$FLEETSPEC_SMOKE_NICE={raw!r}: expected a whole number from 0 to 19")
+    return int(raw)
+
+
+@dataclass
+class SmokeRun:
+    """A smoke runner started in the background on the host (`start`), read by `finish`."""
+    folder: str
+    python: str
+    scripts: list = field(default_factory=list)   # (name, script, parser)
+
+
+def run_folder(state: HostState, release_id: str) -> str:
+    """The release's root-only folder for its background smoke runner (in, out, err, rc, pid)."""
+    return str(state.layout.release(release_id) / "smoke")
+
+
+def start(t: TransportLike, pf: Preflight, state: HostState, release: Release) -> SmokeRun:
+    """Start the offline smoke tests detached, with the release on the path, and return at once:
+    the deploy renders and measures while they run, and reads the verdict before the switch."""
+    rel = state.layout.release(release.id)
+    run = SmokeRun(run_folder(state, release.id), pf.python, pf.smoke_scripts(kernels_dir=str(rel / "kernels")))
+    if run.scripts:
+        env = {"PYTHONPATH": str(rel / "overlay")} if release.files else {}
+        command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
+        background.start(t, run.folder, command, stdin=_payload([(n, s) for n, s, _ in run.scripts]),
+                         timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
+    return run
+
+
+def finish(t: TransportLike, run: SmokeRun) -> dict:
+    """Wait for the runner started by `start` and read each script's verdict with its own parser."""
+    if not run.scripts:
+        return {"smoke": {}}
+    v = background.wait(t, run.folder, timeout=SMOKE_TIMEOUT_S + 60)
+    return _verdicts(run.scripts, _ran(run.python, v.rc, v.stdout, v.stderr), v.stderr)
+
+
+def stop(t: TransportLike, state: HostState, release_id: str) -> bool:
+    """Kill a release's smoke runner if it still runs (a deploy that failed or died before reading it)."""
+    return background.stop(t, run_folder(state, release_id))
 
 
 def smoke(t: TransportLike, pf: Preflight, state: HostState, release: Release) -> dict:
-    """Run the offline smoke tests in the host's python with the release on its path."""
+    """Run the offline smoke tests in the host's python with the release on its path, in the
+    foreground (one command): `start` then `finish` is the same, split around other work."""
     overlay = str(state.layout.release(release.id) / "overlay")
     kernels = str(state.layout.release(release.id) / "kernels")
     scripts = pf.smoke_scripts(kernels_dir=kernels)
@@ -62,15 +126,19 @@ def smoke(t: TransportLike, pf: Preflight, state: HostState, release: Release) -
         return {"smoke": {}}
     r, ran = run_smoke_scripts(t, pf.python, [(name, script) for name, script, _ in scripts],
                                overlay if release.files else None, str(state.layout.run))
+    return _verdicts(scripts, ran, r.stderr)
+
+
+def _verdicts(scripts: list, ran: dict, stderr: str) -> dict:
     results = {}
     for name, _, parse in scripts:
         if name not in ran:
             continue
         code, out = ran[name]
-        verdict = parse(out, r.stderr, code)
+        verdict = parse(out, stderr, code)
         results[name] = verdict
         if not verdict.get("ok"):
-            raise FleetspecError(f"smoke test {name} failed: {verdict.get('error') or r.stderr.strip()[-300:]}")
+            raise FleetspecError(f"smoke test {name} failed: {verdict.get('error') or stderr.strip()[-300:]}")
     out = {"smoke": {k: {kk: vv for kk, vv in v.items() if kk != 'ok'} for k, v in results.items()}}
     out.update(kernel_path(results))
     return out

@@ -7,6 +7,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import FleetspecError
+from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote import files, overlay, release_files
@@ -35,13 +36,18 @@ def upload_objects(t: TransportLike, state: HostState, blobs: dict[str, bytes]) 
 
 
 def stage(t: TransportLike, pf: Preflight, state: HostState, release_id: str, previous: str | None, *,
-          mode: str) -> tuple[Release, int]:
+          mode: str, reuse: bool = False) -> tuple[Release, int | None]:
     """Build releases/<id>/ from scratch in a temp folder, verify it, then rename it into place.
-    Returns the release and the bytes sent to the host (what it already held is not sent again)."""
+    Returns the release and the bytes sent to the host (what it already held is not sent again);
+    `reuse` (a release --prestage staged under this id): None bytes when it was used as it is."""
     final = str(state.layout.release(release_id))
     tmp = final + files.TMP_SUFFIX
     patch_files = pf.patch_files()          # package path -> bytes
     kernel_files = pf.kernel_files()        # file name -> bytes
+    if reuse:
+        planned = new_release(pf, release_id, previous, mode, patch_files, kernel_files)
+        if prestaged_as_planned(t, state, planned, pf.secret_values()):
+            return planned, None
     sent = upload_objects(t, state, {sha(b): b for b in [*patch_files.values(), *kernel_files.values()]})
     # in-place mode too: the smoke tests run against the overlay before the switch; the overlay
     # script (`set -eu`) checks each file's sha256, so copies and overlay are one command
@@ -60,6 +66,20 @@ def stage(t: TransportLike, pf: Preflight, state: HostState, release_id: str, pr
     # `current` may point here after a power cut only at a whole release.
     files.publish_tree(t, tmp, final)
     return release, sent
+
+
+def prestaged_as_planned(t: TransportLike, state: HostState, planned: Release, secrets: dict[str, str]) -> bool:
+    """A release staged earlier under this id (--prestage) is used as it is only when the ledger
+    still calls it just "staged" (no other deploy abandoned it since) and its manifest and secrets
+    file are byte for byte what this deploy would write now; otherwise it is staged again."""
+    if state.ledger().releases().get(planned.id) != L.STAGED:
+        return False
+    base, sep = str(state.layout.release(planned.id)), "__FLEETSPEC_SEP__"
+    got = t.run_script(f"{files.read_optional(base + '/manifest.json')}; printf '\\n%s\\n' {sep}; "
+                       f"{files.read_optional(base + '/' + SECRETS_FILE)}", timeout=30, check=True).stdout
+    manifest, _, secrets_text = got.partition(f"\n{sep}\n")
+    want = env_file_text(secrets) if secrets else files.ABSENT
+    return manifest == planned.to_json() and secrets_text == want
 
 
 def new_release(pf: Preflight, release_id: str, previous: str | None, mode: str,

@@ -104,6 +104,8 @@ def test_plan_changes_nothing(lab_fleet, ct129):
     assert "--speculative-ddtree-shadow-linear" in r.stdout      # hybrid target: shadow-linear, said so
     assert "verify=auto -> shadow-linear" in r.stdout
     assert "sglang/srt/speculative/ddtree_utils.py" in r.stdout
+    assert ("-- steps: preflight -> lock -> baseline -> stage (smoke tests start, detached) -> render -> measure -> "
+            "smoke (their verdict) -> switch -> restart") in r.stdout
     assert sh(lab_fleet, tree) == before
 
 

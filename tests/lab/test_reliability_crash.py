@@ -21,13 +21,14 @@ from tests.lab import reliability_lab as R
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-RELEASE_STEPS = ["preflight", "baseline", "stage", "smoke", "render", "measure", "switch",
+RELEASE_STEPS = ["preflight", "baseline", "stage", "render", "measure", "smoke", "switch",
                  "restart", "probes", "gates", "commit"]
+RUNNER_STARTED = {"render", "measure", "smoke"}    # stage started the smoke runner in the background
 POST_SWITCH = {"restart", "probes", "gates", "commit", "switch.files"}
 
 # (mode, pause point, seconds to let it run on before the kill: 0 = killed at the pause)
 POINTS = ([("release", step, 0.0) for step in RELEASE_STEPS]
-          + [("release", "smoke", 3.0),        # inside the smoke tests' remote python
+          + [("release", "smoke", 1.0),        # waiting for the smoke tests' background python (~3-6 s)
              ("in-place", "switch", 0.0),
              ("in-place", "switch.files", 0.0),  # live files replaced, `current` not yet flipped
              ("in-place", "restart", 0.0),
@@ -56,6 +57,8 @@ def test_sigkill_at_each_step(rel, mode, step, after):
     s = R.status(rel.root, host)
     post = step in POST_SWITCH
     if not post:
+        if mode == "release" and step in RUNNER_STARTED:
+            _runner_ends(rel, host)
         # Nothing that runs was changed, and the service was not even restarted.
         assert rel.lab.snapshot(host) == rel.pristine[host]
         assert rel.lab.main_pid(host) == pid_before
@@ -74,6 +77,17 @@ def test_sigkill_at_each_step(rel, mode, step, after):
     R.count("rollbacks after a crash")
     rel.assert_on_baseline(host)
     rel.history_clean(host)
+
+
+def _runner_ends(rel, host):
+    """The killed deploy's smoke runner ends on its own (its verdict written) rather than run on."""
+    folder = rel.lab.sh(host, "ls -td /var/lib/fleetspec/*/releases/*/smoke | head -1").strip()
+    assert folder.endswith("/smoke"), folder
+    script = (f"for i in $(seq 600); do [ -e {folder}/rc ] && break; sleep 0.1; done; "
+              f"pid=$(cat {folder}/pid); cat {folder}/rc; grep -qF {folder}/ /proc/$pid/cmdline 2>/dev/null "
+              f"&& echo RUNNING || echo GONE")
+    out = rel.lab.sh(host, script, timeout=90).split()
+    assert out[-1] == "GONE" and out[0] == "0", out
 
 
 def test_after_the_sweep_every_release_is_finished_and_the_baseline_kept(rel):

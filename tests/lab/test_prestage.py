@@ -1,0 +1,73 @@
+"""`deploy --prestage` on the lab pair (issue 17): the second host (ct200) is staged while the
+canary (ct129) deploys; its own deploy then uses that release as it is (0 bytes, no second build); a failed canary leaves
+the second host with a staged, unswitched release and nothing live changed, which its next deploy
+marks failed. Every test leaves both hosts on their baselines."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.labtools import fs, json_rows, ledger
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+@pytest.fixture
+def pair(lab_fleet):
+    def reset():
+        for host in lab_fleet.hosts[:2]:
+            fs(lab_fleet, "lab", "fault", host, "--clear", check_rc=0)
+            if lab_fleet.run(host, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode == 0:
+                fs(lab_fleet, "rollback", host, check_rc=0)
+    reset()
+    yield lab_fleet
+    reset()
+
+
+def _lines(fleet, host, release):
+    return [e for e in ledger(fleet, host) if e["release"] == release]
+
+
+def test_the_later_host_is_staged_during_the_canary_and_its_deploy_sends_nothing(pair):
+    canary, other = pair.hosts[:2]
+    r = fs(pair, "deploy", canary, other, "--algo", "ddtree", "--canary", "1", "--prestage", "--no-gates",
+           "--yes", "--json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = {o["host"]: o for o in json_rows(r.stdout)}
+    assert {h: o["status"] for h, o in out.items()} == {canary: "healthy", other: "healthy"}
+    rid = out[other]["release"]
+    stages = [e for e in _lines(pair, other, rid) if e["name"] == "stage" and e["state"] == "ok"]
+    assert len(stages) == 2, stages
+    prestaged, own = stages
+    assert prestaged["detail"]["prestage"] is True and prestaged["detail"]["sent_bytes"] > 0, prestaged
+    assert own["detail"]["prestaged"] is True and own["detail"]["sent_bytes"] == 0, own
+    canary_probed = [e for e in ledger(pair, canary) if e["release"] == out[canary]["release"]
+                     and e["name"] == "probes" and e["state"] == "ok"][0]
+    assert prestaged["ts"] < canary_probed["ts"], "the prestage did not overlap the canary's deploy"
+    assert [e["state"] for e in _lines(pair, other, rid) if e["kind"] == "status"] == \
+        ["staged", "staged", "switched", "healthy"]
+    smoke = [e for e in _lines(pair, other, rid) if e["name"] == "smoke" and e["state"] == "ok"]
+    assert smoke and smoke[0]["detail"]["smoke"], smoke      # the smoke tests ran on the prestaged overlay
+
+
+def test_a_failed_canary_leaves_a_staged_release_the_next_deploy_marks_failed(pair):
+    canary, other = pair.hosts[:2]
+    fs(pair, "lab", "fault", canary, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
+    pid_before = pair.run(other, "systemctl show -p MainPID --value sglang-qwen").stdout
+    r = fs(pair, "deploy", canary, other, "--algo", "ddtree", "--canary", "1", "--prestage", "--no-gates",
+           "--yes", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = {o["host"]: o for o in json_rows(r.stdout)}
+    assert out[canary]["status"] == "rolled_back" and out[other]["status"] == "skipped", out
+    left = out[other]["release"]
+    assert left and "stays staged" in out[other]["reason"], out[other]
+    assert [e["state"] for e in _lines(pair, other, left) if e["kind"] == "status"] == ["staged"]
+    assert pair.run(other, f"test -f /var/lib/fleetspec/sglang-qwen/releases/{left}/manifest.json").returncode == 0
+    assert pair.run(other, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode != 0   # nothing switched
+    assert pair.run(other, "systemctl show -p MainPID --value sglang-qwen").stdout == pid_before
+    again = fs(pair, "deploy", other, "--algo", "ddtree", "--no-gates", "--yes", "--json")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    new = json_rows(again.stdout)[0]["release"]
+    assert new != left
+    preflight = [e for e in _lines(pair, other, new) if e["name"] == "preflight" and e["state"] == "ok"][0]
+    assert preflight["detail"]["abandoned"] == [left]
+    assert [e["state"] for e in _lines(pair, other, left) if e["kind"] == "status"] == ["staged", "failed"]

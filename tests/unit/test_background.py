@@ -1,0 +1,72 @@
+"""remote/background.py against a real sshd and real shells: a process started by one SSH command
+outlives it, its verdict is read by another, a timeout ends it, and `stop` kills only its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from fleetspec.remote import background, files
+
+
+def _pid(folder):
+    return int((folder / "pid").read_text())
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return not f.read().rsplit(") ", 1)[1].startswith("Z")     # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_started_process_outlives_the_command_and_its_verdict_is_read_later(t, tmp_path):
+    folder = tmp_path / "bg"
+    code = "import sys, time; time.sleep(1); print(sys.stdin.read().upper()); print('warn', file=sys.stderr); sys.exit(3)"
+    began = time.monotonic()
+    background.start(t, str(folder), files.python_c(sys.executable, code, rundir=str(tmp_path / "run")),
+                     stdin=b"payload", timeout_s=60)
+    assert time.monotonic() - began < 0.9, "start waited for the process"
+    assert _running(_pid(folder))
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    v = background.wait(t, str(folder), timeout=30)
+    assert (v.rc, v.stdout.strip(), v.stderr.strip()) == (3, "PAYLOAD", "warn")
+
+
+def test_the_timeout_ends_the_whole_group_and_the_verdict_says_no_exit_code(t, tmp_path):
+    folder = tmp_path / "bg"
+    background.start(t, str(folder), "sleep 30 & sleep 30", stdin=b"", timeout_s=1)
+    v = background.wait(t, str(folder), timeout=30)
+    assert v.rc in (None, 124)          # timeout's own code when the shell outlived its TERM
+    time.sleep(0.3)
+    left = [p for p in subprocess.run(["pgrep", "-s", str(_pid(folder))], capture_output=True,
+                                       text=True).stdout.split() if _running(int(p))]
+    assert left == [], f"processes of the runner's session still alive: {left}"
+
+
+def test_stop_kills_the_running_group_and_not_a_reused_pid(t, tmp_path):
+    folder = tmp_path / "bg"
+    background.start(t, str(folder), "sleep 30", stdin=b"", timeout_s=60)
+    pid = _pid(folder)
+    assert background.stop(t, str(folder)) is True
+    time.sleep(0.2)
+    assert not _running(pid)
+    assert background.wait(t, str(folder), timeout=10).rc is None
+    other = subprocess.Popen(["sleep", "30"])     # the recorded pid now names a process that is not the runner
+    try:
+        (folder / "pid").write_text(f"{other.pid}\n")
+        assert background.stop(t, str(folder)) is False
+        assert _running(other.pid)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_stop_on_a_finished_or_missing_folder_is_a_no_op(t, tmp_path):
+    folder = tmp_path / "bg"
+    background.start(t, str(folder), "true", stdin=b"", timeout_s=10)
+    assert background.wait(t, str(folder), timeout=10).rc == 0
+    assert background.stop(t, str(folder)) is False
+    assert background.stop(t, str(tmp_path / "never")) is False

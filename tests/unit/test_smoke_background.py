@@ -1,0 +1,150 @@
+"""The smoke runner a deploy starts in the background (issue 17, "overlap"): a deploy that fails
+before reading it, or dies and is abandoned by the next deploy, ends it; a reused pid is spared.
+Real sshd on loopback, real shells, real processes; only the steps around it are stand-ins."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import PurePosixPath
+from types import SimpleNamespace
+
+import pytest
+
+from fleetspec.model import ledger as L
+from fleetspec.model.inventory import load_inventory
+from fleetspec.model.layout import HostLayout
+from fleetspec.model.release import new_release_id
+from fleetspec.ops import smoke_run
+from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
+from fleetspec.ops.hoststate import HostState
+from fleetspec.ops.preflight_checks import abandon_unswitched
+from fleetspec.remote import background, files
+from fleetspec.remote.transport import Transport
+
+
+@pytest.fixture
+def host(sshd, ssh_client_key, inventory_writer, tmp_path):
+    return load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
+
+
+@pytest.fixture
+def t(host):
+    t = Transport(host)
+    yield t
+    t.close()
+
+
+def _state(t, tmp_path) -> HostState:
+    state = HostState(t, "h", "svc.service")
+    state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
+    return state
+
+
+def _start_sleeper(t, state, rid) -> int:
+    """A runner that would outlive the test by far: python sleeping 60 s in the release's folder."""
+    folder = smoke_run.run_folder(state, rid)
+    t.run(["mkdir", "-p", "--", str(state.layout.release(rid))], timeout=10, check=True)
+    background.start(t, folder, files.python_c(sys.executable, "import time; time.sleep(60)",
+                                               rundir=str(state.layout.run)), stdin=b"", timeout_s=120)
+    return int(open(f"{folder}/pid").read())
+
+
+def _alive(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return not f.read().rsplit(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return False
+
+
+def _gone(pid, within=3.0) -> bool:
+    end = time.monotonic() + within
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_the_next_deploy_abandoning_a_dead_deploy_kills_its_smoke_runner(t, tmp_path):
+    state = _state(t, tmp_path)
+    dead = new_release_id("ddtree")
+    state.record(L.Entry.step(dead, "stage", L.StepState.STARTED))
+    state.record(L.Entry.status(dead, L.STAGED))
+    pid = _start_sleeper(t, state, dead)
+    assert _alive(pid)
+    assert abandon_unswitched(state, "r-running") == [dead]
+    assert _gone(pid), "the abandoned deploy's smoke runner still runs"
+    assert state.ledger().releases()[dead] == L.FAILED
+
+
+def test_a_deploy_failing_before_the_switch_kills_the_smoke_runner_it_started(t, host, tmp_path, monkeypatch):
+    """render fails while the runner started by stage still runs: the deploy ends it, records the
+    failure at render, and never reaches smoke or switch."""
+    import fleetspec.ops.deploy as deploy_mod
+
+    pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {}, python=sys.executable)
+    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
+    started = {}
+
+    def stage(self):
+        started["pid"] = _start_sleeper(t, self.state, self.release_id)
+        self.smoke_run = smoke_run.SmokeRun(smoke_run.run_folder(self.state, self.release_id), sys.executable,
+                                            [("probe", "", None)])
+        return {}
+
+    def render(self):
+        assert _alive(started["pid"])           # render runs while the smoke tests do
+        raise StepFailed("render", "systemd-analyze verify refused the drop-in")
+
+    monkeypatch.setattr(Deploy, "_record_preflight", lambda self: {})
+    monkeypatch.setattr(Deploy, "_baseline", lambda self: {})
+    monkeypatch.setattr(Deploy, "_stage", stage)
+    monkeypatch.setattr(Deploy, "_render", render)
+    d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path),
+               echo=lambda line: None)
+    d.state.layout = _state(t, tmp_path).layout
+    out = d.run()
+    assert (out.status, out.failed_step) == ("failed", "render"), out
+    assert _gone(started["pid"]), "a failed deploy left its smoke runner running"
+    names = [(e.name, e.state) for e in d.state.ledger().entries if e.release == d.release_id and e.kind == "step"]
+    assert names[-1] == ("render", "failed") and ("smoke", "started") not in names
+
+
+def test_a_prestaged_release_is_used_only_while_ledger_manifest_and_secrets_still_match(t, tmp_path):
+    """What `deploy --prestage` relies on: a staged folder whose manifest or secrets differ from
+    what the deploy would write now, or that another deploy has abandoned, is staged again."""
+    from dataclasses import replace
+
+    from fleetspec.model.release import Release
+    from fleetspec.ops.staging import SECRETS_FILE, env_file_text, prestaged_as_planned
+
+    state = _state(t, tmp_path)
+    rid = new_release_id("ddtree")
+    planned = Release(id=rid, host="h", service="svc.service", algo="ddtree", mode="release",
+                      sglang_version="0.5.23", argv=["/venv/bin/python", "-m", "sglang.launch_server"],
+                      previous="baseline", files={"sglang/x.py": "ab" * 32})
+    folder = tmp_path / "state" / "svc" / "releases" / rid
+    (folder / "secrets").mkdir(parents=True)
+    (folder / "manifest.json").write_text(planned.to_json())
+    secrets = {"SGLANG_API_KEY": "k$1"}
+    assert not prestaged_as_planned(t, state, planned, {})        # no ledger line: not ours to take
+    state.record(L.Entry.status(rid, L.STAGED))
+    assert prestaged_as_planned(t, state, planned, {})
+    assert not prestaged_as_planned(t, state, replace(planned, argv=[*planned.argv, "--x"]), {})
+    assert not prestaged_as_planned(t, state, planned, secrets)    # the key was set since
+    (folder / SECRETS_FILE).write_text(env_file_text(secrets))
+    assert prestaged_as_planned(t, state, planned, secrets)
+    assert not prestaged_as_planned(t, state, planned, {"SGLANG_API_KEY": "rotated"})
+    state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
+    assert not prestaged_as_planned(t, state, planned, secrets)   # another deploy abandoned it
+
+
+@pytest.mark.parametrize("raw", ["-1", "20", "ten", ""])
+def test_a_bad_smoke_niceness_is_refused_in_one_line_before_any_host(raw, monkeypatch, tmp_path):
+    import subprocess
+
+    monkeypatch.setenv("FLEETSPEC_SMOKE_NICE", raw)
+    r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(tmp_path), "deploy", "nohost", "--algo", "ddtree",
+                        "--yes"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "FLEETSPEC_SMOKE_NICE" in r.stderr and "0 to 19" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
