@@ -108,16 +108,19 @@ def wait_ready(root: Path, name: str, address: str, timeout: float) -> None:
     raise UserError(f"lab host {name} ({address}) not ready after {timeout:.0f} s (last: {last or 'no answer'})")
 
 
-def down(root: Path | None = None, log=print, everything: bool = False) -> list[str]:
+def down(root: Path | None = None, log=print, everything: bool = False, only=None) -> list[str]:
     """Stop the lab hosts that `root`'s `lab up` booted (every host when root is None or
-    `everything`), and, once no lab host is left running, the shared debris: leftover namespaces
-    and cgroups of crashed runs and the bridge. Another checkout's hosts are never touched."""
+    `everything`; of those, only the names in `only` when given), and, once no lab host is left
+    running, the shared debris: leftover namespaces and cgroups of crashed runs and the bridge.
+    Another checkout's hosts are never touched."""
     require_root()
     problems = []
     scope = None if everything else root
     with _locked():
         names = set(n for n in hosts.known() if (s := hosts.HostState.load(n)) is None or s.owned_by(scope))
-        if scope is None:
+        if only is not None:
+            names &= set(only)
+        elif scope is None:
             names.update(ns[len(network.NS_PREFIX):] for ns in network.lab_namespaces())
         for name in sorted(names):
             problems += hosts.stop(name)
