@@ -1,22 +1,27 @@
 """How bench/fleet.py's figures grow with N, and what that says about 500 hosts (issue 17).
 
 Fits, per series, least squares lines own(N) = a + c·N and cpu(N) = p + q·N over the rows of one
-deploy of N hosts at once (--serial 100%, --parallel N). Extrapolates a deploy of TOTAL hosts in
-batches of P (`--serial P`, --parallel P): ceil(TOTAL/P) batches, each lasting the engine's load L
-plus fleetspec's own time a + c·P, but never less than the controller's CPU for the batch, q·P
-(fleetspec is one Python process: its paramiko work shares one core). Two columns: "lab" keeps c
-as measured (the lab's hosts share the controller's two cores, so c is mostly on-host work
-waiting for CPU), "own machines" sets c to the controller's share only (c = q), as when every
-host has its own CPUs. Stand-in figures, extrapolated: an estimate, not a measurement.
+deploy of N hosts at once (--serial 100%, --parallel N). On the lab, c is mostly the hosts' own
+work (the smoke step's sglang import) waiting for the two cores every container shares with the
+controller; on a real fleet each host has its own CPUs, and what grows with P hosts at once is the
+controller's CPU, q·P: fleetspec is one Python process, so its paramiko work shares one core.
+
+Extrapolation of TOTAL hosts in batches of P (`--serial P`): ceil(TOTAL/P) batches, each the
+engine's load L plus fleetspec's own time, which is one host's own time o1 while the controller
+keeps up and p + q·P once it does not ("own machines": batch = L + max(o1, p + q·P)); the lab
+column keeps the lab's fit (batch = L + a + c·P). The knee P* = (o1 - p)/q is where the
+controller's CPU for a batch equals one host's own time: past it a batch's own time grows by q
+per host and TOTAL hosts cost at least p + q·TOTAL seconds however they are batched. Stand-in
+figures, extrapolated: an estimate, not a measurement.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 TOTAL = 500
 PARALLEL = (8, 16, 32, 64, 128)
-BUSY = 0.5   # the controller's CPU may be busy at most this share of a batch before it is the bottleneck
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -31,26 +36,20 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def batch_seconds(load: float, a: float, c: float, q: float, p: int) -> float:
-    return max(load + a + c * p, q * p)
-
-
-def plan(load: float, a: float, c: float, q: float, total: int = TOTAL) -> list[dict]:
-    """One row per --parallel P: batches, wall time for `total` hosts, the controller's busy share."""
+def plan(load: float, one: float, p: float, q: float, total: int = TOTAL) -> list[dict]:
+    """One row per --parallel P (hosts on their own machines): batches, batch and total seconds."""
     out = []
-    for p in PARALLEL:
-        batch = batch_seconds(load, a, c, q, p)
-        batches = math.ceil(total / p)
-        out.append({"parallel": p, "batches": batches, "batch_s": batch, "total_s": batches * batch,
-                    "controller_busy": q * p / batch})
+    for par in PARALLEL:
+        batch = load + max(one, p + q * par)
+        batches = math.ceil(total / par)
+        out.append({"parallel": par, "batches": batches, "batch_s": batch, "total_s": batches * batch,
+                    "own_x_one": max(one, p + q * par) / one})
     return out
 
 
-def max_parallel(load: float, a: float, c: float, q: float) -> int:
-    """The largest P whose batch keeps the controller's CPU at most BUSY of one core."""
-    if q <= BUSY * c:
-        return 10 ** 6
-    return max(1, int((BUSY * (load + a)) / (q - BUSY * c)))
+def knee(one: float, p: float, q: float) -> float:
+    """P* where the controller's CPU for a batch reaches one host's own time."""
+    return (one - p) / q if q > 0 else float("inf")
 
 
 def series(rows: list[dict], kind: str) -> list[dict]:
@@ -67,24 +66,24 @@ def report(rows: list[dict]) -> str:
         a, c = fit([(r["n"], r["deploy_own_s"]) for r in rs])
         p, q = fit([(r["n"], r["deploy_client_cpu_s"]) for r in rs])
         s0, s1 = fit([(r["n"], r["status_s"]) for r in rs])
-        load = sum(r["deploy_s"] - r["deploy_own_s"] for r in rs) / len(rs)
-        fits[kind] = (load, a, c, q)
+        load = statistics.median(r["deploy_s"] - r["deploy_own_s"] for r in rs)
+        fits[kind] = (load, a, c, p, q, rs[0]["deploy_own_s"])
         lines.append(f"- {kind}: own(N) = {a:.2f} + {c:.3f}·N s; client CPU(N) = {p:.2f} + {q:.3f}·N s; "
-                     f"status(N) = {s0:.2f} + {s1:.3f}·N s; engine wait L = {load:.1f} s "
-                     f"(N = {', '.join(str(r['n']) for r in rs)})")
-    if "thin" not in fits:
+                     f"status(N) = {s0:.2f} + {s1:.3f}·N s; engine wait L = {load:.1f} s; one host's own "
+                     f"time o1 = {rs[0]['deploy_own_s']:.2f} s (N = {', '.join(str(r['n']) for r in rs)})")
+    if not fits:
         return "\n".join(lines)
-    load, a, c, q = fits["thin"]
-    if "full" in fits:
-        load = fits["full"][0]
-    lines += ["", f"Extrapolated to {TOTAL} hosts from the thin fit, batches of P (--serial P), engine load "
-              f"L = {load:.1f} s (the full stand-in's; a real engine's load time replaces it):", "",
-              "| --parallel P | batches | lab: batch s | lab: total min | own machines: batch s | "
-              "own machines: total min | controller CPU busy (own machines) |", "|---|---|---|---|---|---|---|"]
-    for lab_row, own_row in zip(plan(load, a, c, q), plan(load, a, q, q), strict=True):
-        lines.append(f"| {lab_row['parallel']} | {lab_row['batches']} | {lab_row['batch_s']:.1f} | "
-                     f"{lab_row['total_s'] / 60:.1f} | {own_row['batch_s']:.1f} | {own_row['total_s'] / 60:.1f} | "
-                     f"{own_row['controller_busy']:.0%} |")
-    lines += ["", f"Largest --parallel with the controller's CPU at most {BUSY:.0%} busy: "
-              f"{max_parallel(load, a, q, q)} (own machines), {max_parallel(load, a, c, q)} (lab)."]
+    kind = "thin" if "thin" in fits else "full"
+    _, a, c, p, q, one = fits[kind]
+    load = fits["full"][0] if "full" in fits else fits[kind][0]
+    lines += ["", f"Extrapolated to {TOTAL} hosts from the {kind} fit in batches of P (--serial P), engine load "
+              f"L = {load:.1f} s (the full stand-in's; a real engine's load replaces it). Knee "
+              f"P* = (o1 - p)/q = {knee(one, p, q):.0f} hosts at once; at least p + q·{TOTAL} = "
+              f"{p + q * TOTAL:.0f} s of controller CPU in all:", "",
+              "| --parallel P | batches | own machines: batch s | own machines: total min | own time × one host | "
+              "lab: batch s | lab: total min |", "|---|---|---|---|---|---|---|"]
+    for row in plan(load, one, p, q):
+        lab = load + a + c * row["parallel"]
+        lines.append(f"| {row['parallel']} | {row['batches']} | {row['batch_s']:.1f} | {row['total_s'] / 60:.1f} | "
+                     f"{row['own_x_one']:.2f} | {lab:.1f} | {row['batches'] * lab / 60:.1f} |")
     return "\n".join(lines)

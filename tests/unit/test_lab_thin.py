@@ -105,10 +105,8 @@ def test_fit_and_extrapolation():
     a, c = scaling.fit([(1, 3.5), (2, 4.0), (4, 5.0), (8, 7.0)])
     assert a == pytest.approx(3.0) and c == pytest.approx(0.5)
     assert scaling.fit([(4, 2.0), (4, 4.0)]) == (3.0, 0.0)
-    rows = scaling.plan(load=7.0, a=3.0, c=0.1, q=0.1, total=500)
-    p8 = rows[0]
-    assert (p8["parallel"], p8["batches"]) == (8, 63) and p8["batch_s"] == pytest.approx(10.8)
-    assert p8["controller_busy"] == pytest.approx(0.8 / 10.8)
-    # CPU-bound once q·P passes the batch's own length
-    assert scaling.batch_seconds(1.0, 1.0, 0.0, 1.0, 128) == 128
-    assert scaling.max_parallel(7.0, 3.0, 0.1, 0.1) == 100    # 0.1·100 = 50% of 7 + 3 + 0.1·100
+    rows = scaling.plan(load=7.0, one=5.0, p=0.2, q=0.4, total=500)
+    p8, p16 = rows[0], rows[1]
+    assert (p8["parallel"], p8["batches"], p8["batch_s"]) == (8, 63, 12.0)   # 0.2 + 0.4·8 < 5: one host's
+    assert p16["batch_s"] == pytest.approx(7.0 + 0.2 + 6.4) and p16["own_x_one"] == pytest.approx(6.6 / 5)
+    assert scaling.knee(5.0, 0.2, 0.4) == pytest.approx(12.0)
