@@ -75,7 +75,7 @@ def test_two_controllers_on_disjoint_groups_both_succeed(thin):
     assert rc_b == 0, out_b + err_b
     for proc, host, out in ((a, a_host, out_a), (b, b_host, out_b)):
         [row] = json_rows(out)
-        assert row["host"] == host and row["outcome"] == "healthy", row
+        assert row["host"] == host and row["status"] == "healthy", row
         lines = deploy_lines(thin, host)
         assert {e["release"] for e in lines} == {row["release"]}, lines
         assert all(e["by"].endswith(f":{proc.pid}") for e in lines), [e["by"] for e in lines]
