@@ -110,3 +110,17 @@ def test_fit_and_extrapolation():
     assert (p8["parallel"], p8["batches"], p8["batch_s"]) == (8, 63, 12.0)   # 0.2 + 0.4·8 < 5: one host's
     assert p16["batch_s"] == pytest.approx(7.0 + 0.2 + 6.4) and p16["own_x_one"] == pytest.approx(6.6 / 5)
     assert scaling.knee(5.0, 0.2, 0.4) == pytest.approx(12.0)
+
+
+def test_inotify_limit_is_raised_for_many_hosts_never_lowered(tmp_path, monkeypatch):
+    from fleetspec.lab import lab
+
+    limit = tmp_path / "max_user_instances"
+    monkeypatch.setattr(lab, "INOTIFY", limit)
+    said = []
+    limit.write_text("128\n")
+    lab.ensure_inotify(32, said.append)
+    assert limit.read_text() == f"{128 + 32 * lab.INOTIFY_PER_HOST}\n" and "128 -> 384" in said[0]
+    limit.write_text("1000\n")
+    lab.ensure_inotify(32, said.append)
+    assert limit.read_text() == "1000\n" and len(said) == 1
