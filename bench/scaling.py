@@ -77,7 +77,8 @@ def report(rows: list[dict]) -> str:
     _, a, c, p, q, one = fits[kind]
     load = fits["full"][0] if "full" in fits else fits[kind][0]
     lines += ["", f"Extrapolated to {TOTAL} hosts from the {kind} fit in batches of P (--serial P), engine load "
-              f"L = {load:.1f} s (the full stand-in's; a real engine's load replaces it). Knee "
+              f"L = {load:.1f} s (the {'full stand-in' if 'full' in fits else 'thin engine'}'s; a real engine's load "
+              f"replaces it). Knee "
               f"P* = (o1 - p)/q = {knee(one, p, q):.0f} hosts at once; at least p + q·{TOTAL} = "
               f"{p + q * TOTAL:.0f} s of controller CPU in all:", "",
               "| --parallel P | batches | own machines: batch s | own machines: total min | own time × one host | "
