@@ -1,17 +1,26 @@
-"""How long fleet-wide operations take on the lab, per fleet size (issue 8). No assertions: figures.
+"""How long fleet-wide operations take on the lab, per fleet size (issues 8, 17). No assertions: figures.
 
-For N in the sizes asked (default 1 2 4 8), with N lab hosts ct210.. cloned from ct200 (sglang 0.5.23):
-  - `status --all` wall time (median of --runs),
-  - `deploy --all --algo ddtree` wall time, and fleetspec's own time (wall minus the longest
-    host's wait for its engine to restart and load; the smoke step is fleetspec's own work and
-    counts as own), and the SSH commands one deploy runs on its busiest host (bench/counted.py),
-  - rollback: time to recovery and fleetspec's overhead beyond the engine's restart and load,
-  - bytes sent per host (the most any host got) for a first deploy (each size starts its hosts
-    with no fleetspec state) and for a repeated deploy of the same patch set,
-  - peak memory (RSS) and CPU time (user+sys) of the fleetspec process on the deploy,
-each with its ratio against N = 1. Every fleetspec call is the real CLI in a child process.
+Two series, each N measured in one process (the lab stays up between sizes):
+  - full: N lab hosts ct210.. cloned from ct200 (sglang 0.5.23, the full engine stand-in that
+    imports sglang and torch at start), --sizes (default 1 2 4 8);
+  - thin: N thin lab hosts tn1.. (ct200's sglang install and unit, an engine that imports nothing:
+    fleetspec/lab/profiles.py), --thin-sizes (default 1 2 4 8 16 32). Every deploy step runs for
+    real (preflight, baseline, stage, smoke with the real sglang, render, switch, restart, probes);
+    only the engine's own start is cheap, so 32 hosts fit on two cores.
+Per N: `status` of the N hosts (median of --runs), `deploy --algo ddtree --serial 100% --no-gates`
+wall time and fleetspec's own time (wall minus the longest host's wait for its engine to restart
+and load; the smoke step is fleetspec's own work and counts as own), the fleetspec process's CPU
+time (user+sys) in all and per host, SSH commands per host (bench/counted.py), rollback, bytes
+sent, peak RSS, each with its ratio against N = 1 of the same series. Then a least-squares fit
+of own time and client CPU against N per series, and the thin fit extrapolated to 500 hosts.
+The engine is the lab's stand-in on a shared 2-core machine: every figure is a stand-in figure.
 
-    python3 bench/fleet.py [--sizes 1 2 4 8] [--runs 3] [--out bench/RESULTS.md]
+    flock /run/lock/fleetspec-labtests.lock python3 bench/fleet.py [--sizes 1 2 4 8]
+        [--thin-sizes 1 2 4 8 16 32] [--runs 3] [--rows rows.jsonl] [--out FILE] [--keep]
+    python3 bench/fleet.py --report rows.jsonl [--out FILE]      # tables and fit, no lab
+
+Hold the lab lock at most ~10 minutes: split a long run with --rows (appends one JSON line per
+size) and print the whole table with --report.
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
+from bench import scaling  # noqa: E402
 
 CPU: dict[str, float] = {}   # the latest child's user+sys CPU seconds, from wait4
 COUNTS: dict[str, dict] = {}  # the latest child's remote actions per host, from bench/counted.py
@@ -63,46 +74,54 @@ def sent_bytes(host: str, release: str) -> int:
     return -1
 
 
-def measure(n: int, runs: int) -> dict:
-    hosts = [f"ct{210 + i}" for i in range(n)]          # 0.5.23 DFlash hosts, like ct200
+def bench_hosts(kind: str, n: int) -> list[str]:
+    """full: 0.5.23 DFlash hosts like ct200; thin: the same shape with the engine that imports nothing."""
+    return [f"tn{1 + i}" for i in range(n)] if kind == "thin" else [f"ct{210 + i}" for i in range(n)]
+
+
+def measure(n: int, runs: int, kind: str = "full") -> dict:
+    hosts = bench_hosts(kind, n)
     subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "up", "--hosts", ",".join(hosts)],
                    check=True, timeout=3600)
-    targets = hosts
     fresh_hosts(hosts)
     status_walls = []
     for _ in range(runs):
-        r, wall, _ = fs("status", *targets, "--json")
+        r, wall, _ = fs("status", *hosts, "--json")
         status_walls.append(wall)
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
-    client_cpu, steps, commands = [], [], []
+    client_cpu, steps, commands, failed = [], [], [], []
     for i in range(runs):
-        r, wall, peak = fs("deploy", *targets, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
+        r, wall, peak = fs("deploy", *hosts, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
         outs = json_lines(r.stdout)
-        if r.returncode != 0 or len(outs) != n:
-            raise SystemExit(f"deploy failed at N={n}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
-        engine = max(o["engine_wait_s"] for o in outs)
+        if len(outs) != n:
+            raise SystemExit(f"deploy failed at N={n} ({kind}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
+        # A host that failed is a finding at this size, not the end of the run: kept in the row.
+        failed += [{k: o.get(k) for k in ("host", "status", "failed_step", "reason")}
+                   for o in outs if o["status"] != "healthy"]
         deploy_walls.append(wall)
-        own.append(wall - engine)
+        own.append(wall - max(o["engine_wait_s"] for o in outs))
         steps.append({name: max(o["step_seconds"].get(name, 0.0) for o in outs)
                       for name in outs[0]["step_seconds"]})
         client_cpu.append(CPU["last"])
-        commands.append(max(c["commands"] for c in COUNTS.values()))
+        commands.append(statistics.mean(c["commands"] for c in COUNTS.values()))
         rss.append(peak)
-        (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs))
-        r, wall, _ = fs("rollback", *hosts, "--json")
+        (first_bytes if i == 0 else repeat_bytes).append(max(sent_bytes(o["host"], o["release"]) for o in outs
+                                                             if o["status"] == "healthy"))
+        moved = [o["host"] for o in outs if o["status"] == "healthy"]    # a failed host reverted itself
+        r, wall, _ = fs("rollback", *moved, "--json")
         if r.returncode != 0:
-            raise SystemExit(f"rollback failed at N={n}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
+            raise SystemExit(f"rollback failed at N={n} ({kind}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
         for o in json_lines(r.stdout):
             recover.append(o["seconds"])
             overhead.append(o["seconds"] - o["engine_wait_s"])
-    return {"n": n, "status_s": statistics.median(status_walls), "deploy_s": statistics.median(deploy_walls),
-            "deploy_own_s": statistics.median(own), "deploy_client_cpu_s": statistics.median(client_cpu),
-            "deploy_ssh_commands": statistics.median(commands),
-            "rollback_recovery_s": statistics.median(recover),
-            "rollback_overhead_s": statistics.median(overhead), "first_deploy_bytes": statistics.median(first_bytes),
-            "repeat_deploy_bytes": statistics.median(repeat_bytes) if repeat_bytes else None,
-            "peak_rss_mib": round(max(rss) / 1024, 1),
-            "steps_s": {name: round(statistics.median(s.get(name, 0.0) for s in steps), 2) for name in steps[0]}}
+    med = statistics.median
+    return {"kind": kind, "n": n, "status_s": med(status_walls), "deploy_s": med(deploy_walls),
+            "deploy_own_s": med(own), "deploy_client_cpu_s": med(client_cpu),
+            "client_cpu_per_host_s": med(client_cpu) / n, "deploy_ssh_commands": med(commands),
+            "rollback_recovery_s": med(recover), "rollback_overhead_s": med(overhead),
+            "first_deploy_bytes": med(first_bytes), "repeat_deploy_bytes": med(repeat_bytes) if repeat_bytes else None,
+            "peak_rss_mib": round(max(rss) / 1024, 1), "failed": failed,
+            "steps_s": {name: round(med(s.get(name, 0.0) for s in steps), 2) for name in steps[0]}}
 
 
 def fresh_hosts(hosts: list[str]) -> None:
@@ -123,22 +142,29 @@ def fresh_hosts(hosts: list[str]) -> None:
     raise SystemExit(f"bench hosts not healthy after reset: {r.stdout}")
 
 
+COLUMNS = [("kind", "kind", "{}"), ("N", "n", "{}"), ("status s", "status_s", "{:.2f}"),
+           ("x N=1", "status_s", "ratio"), ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"),
+           ("own x N=1", "deploy_own_s", "ratio"), ("client CPU s", "deploy_client_cpu_s", "{:.2f}"),
+           ("CPU x N=1", "deploy_client_cpu_s", "ratio"), ("CPU/host s", "client_cpu_per_host_s", "{:.3f}"),
+           ("SSH cmds/host", "deploy_ssh_commands", "{:.1f}"), ("rollback s", "rollback_recovery_s", "{:.1f}"),
+           ("rollback overhead s", "rollback_overhead_s", "{:.2f}"), ("bytes first", "first_deploy_bytes", "{:.0f}"),
+           ("bytes repeat", "repeat_deploy_bytes", "{}"), ("peak RSS MiB", "peak_rss_mib", "{}")]
+
+
 def table(rows: list[dict]) -> str:
-    base = rows[0]
-    cols = [("N", "n", "{}"), ("status --all s", "status_s", "{:.2f}"), ("x N=1", "status_s", "ratio"),
-            ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"), ("own x N=1", "deploy_own_s", "ratio"),
-            ("client CPU s", "deploy_client_cpu_s", "{:.2f}"), ("SSH cmds/host", "deploy_ssh_commands", "{:.0f}"),
-            ("rollback s", "rollback_recovery_s", "{:.1f}"), ("rollback overhead s", "rollback_overhead_s", "{:.2f}"),
-            ("bytes first", "first_deploy_bytes", "{:.0f}"), ("bytes repeat", "repeat_deploy_bytes", "{}"),
-            ("peak RSS MiB", "peak_rss_mib", "{}")]
-    lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
+    """One line per row; ratios against N = 1 of the same kind (or its smallest N)."""
+    base = {}
+    for r in sorted(rows, key=lambda r: r["n"]):
+        base.setdefault(r.get("kind", "full"), r)
+    lines = ["| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
+        b = base[r.get("kind", "full")]
         cells = []
-        for _, key, fmt in cols:
+        for _, key, fmt in COLUMNS:
             if fmt == "ratio":
-                cells.append(f"{r[key] / base[key]:.2f}" if base[key] else "-")
+                cells.append(f"{r[key] / b[key]:.2f}" if b.get(key) else "-")
             else:
-                cells.append(fmt.format(r[key]))
+                cells.append(fmt.format(r.get(key, "full" if key == "kind" else None)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -146,26 +172,45 @@ def table(rows: list[dict]) -> str:
 def steps_table(rows: list[dict]) -> str:
     """Where a deploy's time goes: each step's seconds on its slowest host (median of the runs).
     On shared CPUs the on-host steps grow with N; fleetspec's own waiting does not."""
-    names = list(rows[0]["steps_s"])
-    lines = ["| N | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    names = sorted({name for r in rows for name in r["steps_s"]})
+    lines = ["| kind | N | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
     for r in rows:
-        lines.append(f"| {r['n']} | " + " | ".join(f"{r['steps_s'].get(n, 0):.2f}" for n in names) + " |")
+        lines.append(f"| {r.get('kind', 'full')} | {r['n']} | "
+                     + " | ".join(f"{r['steps_s'].get(n, 0):.2f}" for n in names) + " |")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 8], help="full stand-in hosts")
+    ap.add_argument("--thin-sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32], help="thin hosts")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rows", type=Path, default=None, help="append each size's row (JSON) to this file")
+    ap.add_argument("--report", type=Path, default=None, help="print the tables of a --rows file; measure nothing")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--keep", action="store_true", help="leave the bench's lab hosts up")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench/fleet.py brings up the lab: run it as root")
-    rows = []
-    for n in args.sizes:
-        rows.append(measure(n, args.runs))
-        print(json.dumps(rows[-1]), flush=True)
-    text = table(rows) + "\n\nSeconds per deploy step on the slowest host:\n\n" + steps_table(rows)
+    if args.report:
+        rows = [json.loads(line) for line in args.report.read_text().splitlines() if line.strip()]
+    else:
+        if os.geteuid() != 0:
+            raise SystemExit("bench/fleet.py brings up the lab: run it as root, under the lab lock")
+        rows = []
+        try:
+            for kind, sizes in (("full", args.sizes), ("thin", args.thin_sizes)):
+                for n in sizes:
+                    rows.append(measure(n, args.runs, kind))
+                    print(json.dumps(rows[-1]), flush=True)
+                    if args.rows:
+                        with args.rows.open("a") as fh:
+                            fh.write(json.dumps(rows[-1]) + "\n")
+        finally:
+            if not args.keep:
+                subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "down"], timeout=600)
+    failures = [f"- {r.get('kind', 'full')} N={r['n']}: {f['host']} {f['status']} at {f['failed_step']}: {f['reason']}"
+                for r in rows for f in r.get("failed", [])]
+    text = (table(rows) + ("\n\nHosts that failed:\n" + "\n".join(failures) if failures else "") + "\n\nSeconds per deploy step on the slowest host:\n\n" + steps_table(rows)
+            + "\n\n" + scaling.report(rows))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

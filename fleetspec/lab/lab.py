@@ -16,6 +16,11 @@ from fleetspec.errors import UserError
 from fleetspec.lab import cgroups, hosts, image, inventory, keys, network, profiles, ssh
 
 DEFAULT_HOSTS = ("ct129", "ct200")
+INOTIFY = Path("/proc/sys/fs/inotify/max_user_instances")
+# A booted Debian 12 host holds 7 inotify instances (systemd 5, dbus 1, logind 1), all counted
+# against root's limit on the machine (default 128): past ~17 hosts systemd in the next one cannot
+# start sshd. Issue 17's 32-host rows need more.
+INOTIFY_PER_HOST = 8
 
 
 @dataclass
@@ -73,6 +78,7 @@ def up(root: Path, names=DEFAULT_HOSTS, log=print, boot_timeout: float = 60.0) -
                 hosts.stop(name)
             addresses[name] = profiles.address(name, set(addresses.values()) | taken | {"10.200.0.1"})
         keys.write_known_hosts(root, addresses)
+        ensure_inotify(len(set(hosts.running()) | set(names)), log)
         for name in names:
             if name in reused:
                 continue
@@ -84,6 +90,18 @@ def up(root: Path, names=DEFAULT_HOSTS, log=print, boot_timeout: float = 60.0) -
             wait_ready(root, name, addresses[name], boot_timeout)
         inv = inventory.write(root, addresses)
     return UpResult(inv, addresses, started, reused, built, time.monotonic() - t0)
+
+
+def ensure_inotify(count: int, log=print) -> None:
+    """Raise (never lower) the machine's inotify instance limit so `count` lab hosts can boot."""
+    need = 128 + count * INOTIFY_PER_HOST
+    try:
+        have = int(INOTIFY.read_text())
+        if have < need:
+            INOTIFY.write_text(f"{need}\n")
+            log(f"fs.inotify.max_user_instances {have} -> {need} ({count} lab hosts, ~7 instances each)")
+    except (OSError, ValueError) as err:
+        log(f"could not raise fs.inotify.max_user_instances to {need} ({err}); more than ~17 lab hosts may not boot")
 
 
 def wait_ready(root: Path, name: str, address: str, timeout: float) -> None:
@@ -108,16 +126,19 @@ def wait_ready(root: Path, name: str, address: str, timeout: float) -> None:
     raise UserError(f"lab host {name} ({address}) not ready after {timeout:.0f} s (last: {last or 'no answer'})")
 
 
-def down(root: Path | None = None, log=print, everything: bool = False) -> list[str]:
+def down(root: Path | None = None, log=print, everything: bool = False, only=None) -> list[str]:
     """Stop the lab hosts that `root`'s `lab up` booted (every host when root is None or
-    `everything`), and, once no lab host is left running, the shared debris: leftover namespaces
-    and cgroups of crashed runs and the bridge. Another checkout's hosts are never touched."""
+    `everything`; of those, only the names in `only` when given), and, once no lab host is left
+    running, the shared debris: leftover namespaces and cgroups of crashed runs and the bridge.
+    Another checkout's hosts are never touched."""
     require_root()
     problems = []
     scope = None if everything else root
     with _locked():
         names = set(n for n in hosts.known() if (s := hosts.HostState.load(n)) is None or s.owned_by(scope))
-        if scope is None:
+        if only is not None:
+            names &= set(only)
+        elif scope is None:
             names.update(ns[len(network.NS_PREFIX):] for ns in network.lab_namespaces())
         for name in sorted(names):
             problems += hosts.stop(name)

@@ -7,6 +7,11 @@ ct129, everything else clones ct200 (so ct201..ct207 are 0.5.23 DFlash boxes) ex
 150..199: those are `ct150`, the one shape where DDTree really verifies a tree (sglang 0.5.13.post1,
 pure-attention Qwen3-8B, TP=1, DFlash): ct129 is hybrid and TP=2 and 0.5.23's worker builds no
 trees, so on those DDTREE verifies linearly, as the real worker does.
+
+`tn<N>` hosts are thin (issue 17, scale): ct200's shape, sglang install and unit, but the unit sets
+FLEETSPEC_LAB_ENGINE=thin, so its engine answers the HTTP routes without importing sglang or torch
+(engine/fleetspec_lab_engine/thin.py). Status, preflight, stage, smoke (real sglang over ssh),
+render, switch, restart and probes all run for real; 32 of them fit on two cores.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ CT150_ARGV = (
 
 @dataclass(frozen=True)
 class Profile:
-    like: str                     # ct129 | ct200
+    like: str                     # ct129 | ct200 | ct150 | thin
     version: str
     argv: list[str]
     model_path: str
@@ -71,7 +76,10 @@ PROFILES = {
                      "/root/models/Qwen3-8B-DFlash", 1, []),
     "ct150": Profile("ct150", "0.5.13.post1", CT150_ARGV, "/root/models/Qwen3-8B",
                      "/root/models/Qwen3-8B-DFlash", 1, []),
+    "thin": Profile("thin", "0.5.23", CT200_ARGV, "/root/models/Qwen3-8B",
+                    "/root/models/Qwen3-8B-DFlash", 1, ["thin"]),
 }
+THIN_PREFIX = "tn"   # tn1..tnN; ct-names stay the full stand-in
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,10}$")
 
@@ -79,6 +87,8 @@ NAME = re.compile(r"^[a-z][a-z0-9-]{0,10}$")
 def for_host(name: str) -> Profile:
     if not NAME.match(name):
         raise UserError(f"lab host name {name!r}: use lowercase letters, digits and '-', at most 11 characters")
+    if re.fullmatch(THIN_PREFIX + r"\d+", name):
+        return PROFILES["thin"]
     m = re.fullmatch(r"ct(\d+)", name)
     if m and int(m.group(1)) < 150:
         return PROFILES["ct129"]
@@ -118,6 +128,7 @@ LimitNOFILE=65535
 [Install]
 WantedBy=multi-user.target
 """
+    thin = "Environment=FLEETSPEC_LAB_ENGINE=thin\n" if p.like == "thin" else ""
     return f"""[Unit]
 Description=SGLang server (Qwen3-8B, DFlash)
 Documentation=https://docs.sglang.ai
@@ -130,7 +141,7 @@ User=root
 WorkingDirectory=/opt/sglang
 Environment=PYTHONUNBUFFERED=1
 Environment=SGLANG_PLUGINS=
-ExecStart={exec_start}
+{thin}ExecStart={exec_start}
 KillSignal=SIGTERM
 TimeoutStopSec=60
 Restart=on-failure

@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # The first host is like ct129 (sglang 0.5.13.post1, hybrid target, NEXTN), the second like ct200
 # (0.5.23, DFLASH). Another checkout can run its own pair beside these (e.g. ct131,ct201).
 LAB_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_HOSTS", "ct129,ct200").split(","))
+# Thin hosts (fleetspec/lab/profiles.py: ct200's install and unit, an engine that imports nothing)
+# for tests that need several hosts but no engine; tn1.. are bench/fleet.py's.
+THIN_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_THIN_HOSTS", "tn61,tn62,tn63").split(","))
 
 
 def lab_skip_reason() -> str | None:
@@ -56,6 +59,21 @@ def lab_fleet():
     yield fleet
     if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
         lab.down(ROOT)
+
+
+@pytest.fixture(scope="module")
+def thin_fleet():
+    """THIN_HOSTS up for one test module, then down (only those: the session's hosts stay)."""
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from fleetspec.lab import lab
+
+    result = lab.up(ROOT, THIN_HOSTS, log=lambda m: print(m, flush=True))
+    fleet = LabFleet(ROOT, result.inventory, dict(result.addresses), result.seconds, THIN_HOSTS)
+    yield fleet
+    if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
+        lab.down(ROOT, only=THIN_HOSTS)
 
 
 def pytest_terminal_summary(terminalreporter):
