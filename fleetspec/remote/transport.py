@@ -68,18 +68,23 @@ class Transport(FileTransfer, HttpOverSsh):
             return self._ssh
 
     def _connect_retrying(self, deadline: float) -> paramiko.Transport:
-        """_connect_once until it succeeds, waiting 0.2 s, 0.4 s, … (at most 2 s) between tries;
-        the last _Retryable is raised once the next wait would pass the deadline (a small loop in
-        place of tenacity, whose import cost every CLI start more than this needs)."""
-        wait = 0.2
-        while True:
-            try:
-                return self._connect_once(deadline)
-            except _Retryable:
-                if time.monotonic() + wait >= deadline:
-                    raise
-                time.sleep(wait)
-                wait = min(wait * 2, 2.0)
+        """_connect_once, then on a retryable failure tenacity's exponential wait (0.2 s up to 2 s)
+        until the deadline; the last _Retryable is raised. tenacity is imported only once a first
+        try failed: a CLI start that connects at once does not pay for its import."""
+        try:
+            return self._connect_once(deadline)
+        except _Retryable:
+            if time.monotonic() + 0.2 >= deadline:
+                raise
+        import tenacity
+
+        retry = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_before_delay(max(0.0, deadline - time.monotonic())),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=2),
+            before=tenacity.before_nothing, sleep=time.sleep, reraise=True)
+        time.sleep(0.2)
+        return retry(self._connect_once, deadline)
 
     def _connect_once(self, deadline: float) -> paramiko.Transport:
         h = self.host

@@ -2,6 +2,7 @@
 
 import http.server
 import json
+import sys
 import threading
 import time
 
@@ -175,6 +176,22 @@ def test_unreachable_port_within_connect_timeout(tmp_path, inventory_writer, ssh
     with pytest.raises(RemoteError, match=r"h: cannot reach 127.0.0.1:\d+"):
         Transport(host).run(["true"])
     assert time.monotonic() - start < 2.5
+
+
+def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_factory, ssh_client_key):
+    """A host whose sshd comes back within connect_timeout (a reboot, a restart) is reached: the
+    first refused try is retried with tenacity's backoff, not reported."""
+    late = sshd_factory()
+    host = host_for(tmp_path, inventory_writer, late, ssh_client_key, connect_timeout=8)
+    late.stop()
+    timer = threading.Timer(0.8, late.start)
+    timer.start()
+    try:
+        start = time.monotonic()
+        assert Transport(host).run(["true"], timeout=20).ok
+        assert 0.8 <= time.monotonic() - start < 8
+    finally:
+        timer.join()
 
 
 def test_parallel_commands_share_one_connection(transport):
