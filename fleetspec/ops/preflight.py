@@ -259,7 +259,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path) -
     form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
     check_dropin_order(unit, host, service)
     overriding = admin_exec_start_dropins(unit, dropin_texts)
-    check_interrupted(state, host.name)
+    check_interrupted(state, host.name, lock=str(state.layout.lock))
     mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
     check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook))
     if unit.active_state != "active":

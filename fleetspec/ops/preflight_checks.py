@@ -13,6 +13,7 @@ from fleetspec.model.names import is_name
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
 from fleetspec.remote import facts, files, systemd
+from fleetspec.remote import lock as lock_mod
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
@@ -98,16 +99,22 @@ def check_orphan_dropin(state: HostState, unit, host) -> None:
             f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
 
 
-def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None = None) -> None:
+def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None = None,
+                      lock: str | None = None) -> None:
     """A deploy that died after `switch` leaves the host on a release nobody proved: refuse until
     `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it.
-    `ledger`: the ledger already read under the same lock (one read for this and abandon_unswitched)."""
+    `ledger`: the ledger already read under the same lock (one read for this and abandon_unswitched).
+    `lock` (a look without holding it): a switched deploy whose holder still holds the lock is in
+    flight, not interrupted; the refusal names the holder, as the lock itself would."""
     ledger = ledger if ledger is not None else state.ledger()
     for rid in ledger.interrupted():
         status = ledger.releases()[rid]
         last = ledger.last_step(rid)
         where = f"at step {last.name} ({last.state})" if last else "before its first step"
         if status == L.SWITCHED:
+            held = lock_mod.busy(state.t, lock) if lock is not None else None
+            if held is not None:
+                raise held
             raise NeedsAttention(f"{host}: deploy {rid} was interrupted {where} after switching the service",
                                  f"fleetspec rollback {host}")
 

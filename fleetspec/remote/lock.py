@@ -174,6 +174,23 @@ def is_held(t: TransportLike, lock: str) -> bool:
     return r.rc != 0
 
 
+def busy_message(host: str, lock: str, holder: Holder | None) -> str:
+    who = holder.describe() if holder else "an unknown holder"
+    return f"{host}: {lock} is held by {who}; wait for it, or if that deploy is dead run: fleetspec unlock {host} --force"
+
+
+def busy(t: TransportLike, lock: str) -> UserError | None:
+    """The refusal a deploy would meet at the lock now, found without taking it (preflight's
+    read-only look); None when the lock is free or its holder's process is gone from this
+    controller (taking the lock ends that one)."""
+    if not is_held(t, lock):
+        return None
+    holder = read_holder(t, lock)
+    if holder is not None and holder.dead_here():
+        return None
+    return UserError(busy_message(t.host.name, lock, holder))
+
+
 class RemoteLock:
     def __init__(self, t: TransportLike, lock: str, *, release: str, note=lambda line: None, holder: Holder | None = None,
                  heartbeat: bool = True, read: str | None = None):
@@ -221,9 +238,7 @@ class RemoteLock:
                     self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
                     _end_holder(self.t, self.lock, holder)
                     continue
-                who = holder.describe() if holder else "an unknown holder"
-                raise UserError(f"{self.t.host.name}: {self.lock} is held by {who}; wait for it, or if that "
-                                f"deploy is dead run: fleetspec unlock {self.t.host.name} --force")
+                raise UserError(busy_message(self.t.host.name, self.lock, holder))
             raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
         raise RemoteError(f"{self.t.host.name}: could not take {self.lock}")
 

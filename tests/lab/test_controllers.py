@@ -116,11 +116,5 @@ def test_a_host_named_by_both_is_refused_by_the_second(thin):
     lines = deploy_lines(thin, host)
     assert len({e["release"] for e in lines}) == 1, lines
     assert all(e["by"].endswith(f":{a.pid}") for e in lines), [e["by"] for e in lines]
-    if f"{lock} is held by" not in said:
-        # Known defect (reported to the lead): the second controller's read-only preflight reads the
-        # first's deploy, switched and in its probes, as an interrupted one and says "needs attention:
-        # run fleetspec rollback" instead of naming the lock's holder. It changes nothing (above).
-        release = lines[0]["release"]
-        assert f"deploy {release} was interrupted" in said and "needs_attention" in said, said
-        pytest.xfail("the second controller is told to roll back a deploy in flight, not that the host is locked")
+    assert f"{lock} is held by" in said and r.returncode == 2, said
     assert A_ID[:8] in said, said

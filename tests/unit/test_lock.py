@@ -267,3 +267,27 @@ def test_a_steps_ok_line_travels_with_the_next_line_in_one_command_in_order(t, t
     got = [(e.name, e.state) if e.kind == "step" else ("status", e.state) for e in state.ledger().entries]
     assert got == [("stage", "started"), ("stage", "ok"), ("status", L.STAGED), ("smoke", "started"), ("smoke", "ok")]
     assert len((state.mirror / "ledger.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_switched_deploy_in_flight_is_named_by_its_lock_not_called_interrupted(t, tmp_path, monkeypatch):
+    """Preflight's read-only look: a switched deploy whose controller still holds the lock (it is
+    in its probes) is refused with the holder's name, never "interrupted, run rollback"; once the
+    lock is free the same ledger is an interrupted deploy that needs a rollback."""
+    from fleetspec.errors import NeedsAttention
+    from fleetspec.ops.preflight_checks import check_interrupted
+
+    monkeypatch.setenv(ENV, A)
+    state = _state(t, tmp_path)
+    lock = str(state.layout.lock)
+    state.record(L.Entry.status("20990101T000000Z-inflight", L.STAGED))
+    state.record(L.Entry.status("20990101T000000Z-inflight", L.SWITCHED, previous="baseline"))
+    held = RemoteLock(t, lock, release="20990101T000000Z-inflight").__enter__()
+    try:
+        monkeypatch.setenv(ENV, B)
+        with pytest.raises(UserError, match=rf"{lock} is held by .*release 20990101T000000Z-inflight") as err:
+            check_interrupted(state, "h", lock=lock)
+        assert not isinstance(err.value, NeedsAttention)
+    finally:
+        held.__exit__(None, None, None)
+    with pytest.raises(NeedsAttention, match="20990101T000000Z-inflight was interrupted"):
+        check_interrupted(state, "h", lock=lock)
