@@ -97,12 +97,12 @@ def test_unlock_force_refuses_a_holder_whose_session_is_alive_on_the_host(t, tmp
     held = RemoteLock(t, lock, release="r-held", holder=_holder(A, 4242, machine="bastion.example")).__enter__()
     try:
         monkeypatch.setenv(ENV, B)
-        time.sleep(1.6)                                 # older than the stale limit: only heartbeats keep it
+        time.sleep(2.2)                                 # older than the stale limit: only heartbeats keep it
         with pytest.raises(UserError, match="still alive"):
             force_unlock(t, lock)
         assert is_held(t, lock)
         held.stop_heartbeat()
-        time.sleep(1.6)
+        time.sleep(2.2)
         ended = force_unlock(t, lock)
         assert ended.token == held.holder.token and not is_held(t, lock)
     finally:
@@ -115,7 +115,7 @@ def test_unlock_force_refuses_a_live_process_of_this_controller(t, tmp_path, mon
     sleeper = subprocess.Popen(["sleep", "60"])
     held = RemoteLock(t, lock, release="r", holder=_holder(A, sleeper.pid), heartbeat=False).__enter__()
     try:
-        time.sleep(1.6)                                 # heartbeat stale, but the process is alive here
+        time.sleep(2.2)                                 # heartbeat stale, but the process is alive here
         with pytest.raises(UserError, match="still running"):
             force_unlock(t, lock)
     finally:
@@ -133,7 +133,7 @@ def _state(t, tmp_path) -> HostState:
 def _steal(t, lock: str, old: RemoteLock, monkeypatch) -> RemoteLock:
     """Another controller forces the (now silent) holder out and takes the lock."""
     old.stop_heartbeat()
-    time.sleep(1.6)
+    time.sleep(2.2)
     monkeypatch.setenv(ENV, B)
     assert force_unlock(t, lock).token == old.holder.token
     return RemoteLock(t, lock, release="r-new").__enter__()
