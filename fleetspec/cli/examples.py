@@ -80,7 +80,7 @@ def install(group: click.Group, prefix: str = "") -> None:
 
 def install_command(cmd: click.Command, path: str | None = None) -> None:
     """install() for one command (and its subcommands) at `path` (default: its own name)."""
-    path = path or cmd.name
+    path = path or cmd.name or ""
     example = EXAMPLES.get(path)
     if example and "Example:" not in (cmd.help or ""):
         cmd.help = inspect.cleandoc(cmd.help or "").rstrip() + f"\n\n\b\nExample: {example}"

@@ -66,3 +66,18 @@ class TransportLike(Protocol):
 
     def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
              headers: dict[str, str] | None = None) -> HttpResponse: ...
+
+
+class CarryingTransport(TransportLike, Protocol):
+    """A transport whose commands take a `prelude` (remote/transport.Transport), and whose
+    long-lived commands (the lock's holder, the readiness watch) the caller reads itself."""
+
+    carries_preludes: bool
+
+    def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
+            stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult: ...
+
+    def run_script(self, script: str, timeout: float | None = None, check: bool = False,
+                   stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult: ...
+
+    def open_exec(self, script: str, prelude: Prelude | None = None) -> Any: ...

@@ -6,9 +6,9 @@ DEVELOPING.md, "Ledger lines ride in the step's work", is the contract.
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Callable
+from typing import Callable, cast
 
-from fleetspec.remote.api import CommandResult, Prelude, TransportLike
+from fleetspec.remote.api import CarryingTransport, CommandResult, Prelude, TransportLike
 
 
 class Carrying:
@@ -19,7 +19,8 @@ class Carrying:
     them waiting. A transport that takes no prelude gets them flushed before each command."""
 
     def __init__(self, t: TransportLike, prelude: Callable[[], Prelude | None], flush: Callable[[], None], own_root: str):
-        self._t, self._take, self._flush, self._root = t, prelude, flush, own_root
+        self._t = cast(CarryingTransport, t)     # preludes only where it says it carries them
+        self._take, self._flush, self._root = prelude, flush, own_root
 
     def __getattr__(self, name):
         return getattr(self._t, name)

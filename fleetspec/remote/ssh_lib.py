@@ -11,7 +11,7 @@ import sys
 
 _blocked = "invoke" not in sys.modules
 if _blocked:
-    sys.modules["invoke"] = None       # `import invoke` raises ImportError, which paramiko expects
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` then raises ImportError
 try:
     import paramiko
 finally:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from fleetspec.remote import facts, files
-from fleetspec.remote.api import CommandResult, TransportLike
+from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
 from fleetspec.remote.facts import systemd as systemd_fact
 
 q = shlex.quote
@@ -126,10 +126,11 @@ class UnitStream:
     what arrived without waiting for the host. A prelude (ops/hoststate.py) runs before the loop;
     it is settled by the first line (the loop only starts once it succeeded) or by the end."""
 
-    def __init__(self, t: TransportLike, service: str, deadline_s: float, prelude=None, show: str | None = None):
+    def __init__(self, t: CarryingTransport, service: str, deadline_s: float, prelude=None, show: str | None = None):
         script = watch_script(service, deadline_s, show)
         self.chan = t.open_exec(script, prelude=prelude) if prelude is not None else t.open_exec(script)
-        self.prelude, self.state, self.ended = prelude, None, False
+        self.prelude, self.ended = prelude, False
+        self.state: UnitWatch | None = None
         self._buf, self._err = b"", b""
 
     def latest(self, wait: float = 0.0) -> UnitWatch | None:

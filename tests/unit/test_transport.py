@@ -2,7 +2,6 @@
 
 import http.server
 import json
-import sys
 import threading
 import time
 
