@@ -54,3 +54,40 @@ def test_gather_host_is_one_command_and_read_service_refuses_from_it(tmp_path, s
         assert len(seen) == 1, "read_service read again what the batch had"
     finally:
         t.close()
+
+
+def test_prune_reads_current_and_the_ledger_in_one_command(t, tmp_path, seen):
+    """keep 1 of three healthy releases: the one `current` points at and the newest stay; the reads
+    are one command, then one rm and one ledger line for the pruned release."""
+    from fleetspec.model import ledger as L
+    from fleetspec.ops import switching
+    from fleetspec.ops.hoststate import HostState
+
+    root = tmp_path / "state"
+    base = root / "sglang-test"
+    ids = ["20260101T000000Z-ddtree-0001", "20260102T000000Z-ddtree-0002", "20260103T000000Z-ddtree-0003"]
+    for rid in ids:
+        (base / "releases" / rid).mkdir(parents=True)
+    (base / "current").symlink_to(base / "releases" / ids[0])
+    (base / "ledger.jsonl").write_text("".join(L.Entry.status(r, L.HEALTHY).to_line() + "\n" for r in ids))
+    state = HostState(t, "h", "sglang-test.service", root=root)
+    assert switching.prune(t, state, keep=1) == [ids[1]]
+    assert len(seen) == 3, seen                       # the batched read, rm, the "pruned" line
+    assert [(base / "releases" / r).is_dir() for r in ids] == [True, False, True]
+    assert state.ledger().releases()[ids[1]] == L.PRUNED
+
+
+def test_a_change_before_the_facts_is_read_by_them_and_stops_them_when_it_fails(t, tmp_path, seen):
+    """gather_many(before=): switch's reload and its ExecStart read share one command."""
+    import shlex
+
+    from fleetspec.errors import RemoteError
+
+    target = tmp_path / "written"
+    got = facts.gather_many(t, [(file_text, {"path": str(target)})], errors="raise",
+                            before=f"echo noise; printf new > {shlex.quote(str(target))}")
+    assert got == ["new"] and len(seen) == 1
+    with pytest.raises(RemoteError, match="exited 3"):
+        facts.gather_many(t, [(file_text, {"path": str(target)})], errors="raise",
+                          before=f"rm -- {shlex.quote(str(target))} && exit 3")
+    assert not target.exists() and len(seen) == 2
