@@ -19,26 +19,31 @@ from fleetspec.ops.staging import sha
 from fleetspec.remote import files, release_files, systemd
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import unitfile
+from fleetspec.remote.facts.systemd import SystemdUnit
 
 
-def activate(t: TransportLike, state: HostState, release: Release, after_files=None) -> None:
+def activate(t: TransportLike, state: HostState, release: Release, after_files=None) -> SystemdUnit:
     """Point the service at `release`: files (in-place mode), drop-in renamed into place,
-    `current` flipped, reload. `after_files` runs between the two (a test hook's pause point)."""
+    `current` flipped, reload. `after_files` runs between the two (a test hook's pause point).
+    Returns the unit as systemd holds it after the reload, read in the switch's own command."""
     rdir = str(state.layout.release(release.id))
     if release.mode == "in-place":
         release_files.apply_in_place(t, release, rdir)
         if after_files is not None:
             after_files()
     # A release folder made before the rename holds its drop-in under the legacy name.
-    release_files.switch_to(t, state.dropin, release_dropin_candidates(rdir), legacy_dropin_paths(state.service),
-                            rdir, str(state.layout.current))
+    return release_files.switch_to(t, state.dropin, release_dropin_candidates(rdir),
+                                   legacy_dropin_paths(state.service), rdir, str(state.layout.current),
+                                   show=state.service)
 
 
-def loaded_exec_start_mismatch(t: TransportLike, service: str, release: Release) -> str | None:
+def loaded_exec_start_mismatch(t: TransportLike, service: str, release: Release,
+                               unit: SystemdUnit | None = None) -> str | None:
     """After daemon-reload, before the restart: does systemd now hold the derived ExecStart?
     An admin drop-in applied after fleetspec's (or one created since preflight) would leave the old
-    command in place and the restart would serve it. None when it matches; else what differs."""
-    unit = systemd.show(t, service)
+    command in place and the restart would serve it. None when it matches; else what differs.
+    `unit`: what activate read after its reload (else read here)."""
+    unit = systemd.show(t, service) if unit is None else unit
     return exec_start_mismatch(unit.exec_start, release.argv, release.exec_prefix, release.exec_path)
 
 

@@ -273,12 +273,12 @@ class Deploy:
         self.state.defer(mark)
         hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
         try:
-            switching.activate(self.t, self.state, self.release, after_files=hook)
+            unit = switching.activate(self.t, self.state, self.release, after_files=hook)
         finally:
             self.switched = self.state.was_sent(mark)
             if not self.switched:
                 self.state.discard(mark)          # nothing was changed: the ledger must not say so
-        mismatch = switching.loaded_exec_start_mismatch(self.t, self.service, self.release)
+        mismatch = switching.loaded_exec_start_mismatch(self.t, self.service, self.release, unit)
         if mismatch:   # an admin drop-in wins over ours: never restart onto the old command
             raise StepFailed("switch", f"after daemon-reload systemd does not hold the derived ExecStart ({mismatch}); "
                                        f"an admin drop-in probably overrides fleetspec's {self.state.dropin}")

@@ -218,9 +218,10 @@ class HostState:
         return baseline
 
     # releases ---------------------------------------------------------------------------
-    def current(self) -> str | None:
-        """The release `current` points at, or None (the baseline)."""
-        out = files.readlink(self.io, str(self.layout.current))
+    def current(self, link: str | None = None) -> str | None:
+        """The release `current` points at, or None (the baseline); `link`: readlink's output
+        already read (facts.link_target in a batch)."""
+        out = files.readlink(self.io, str(self.layout.current)) if link is None else link
         if not out:
             return None
         name = PurePosixPath(out).name

@@ -14,8 +14,9 @@ from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.rendering import dropin_text
 from fleetspec.ops.staging import sha
-from fleetspec.remote import files
+from fleetspec.remote import facts, files
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import file_text, link_target
 
 if TYPE_CHECKING:
     from fleetspec.ops.preflight import Preflight
@@ -72,9 +73,12 @@ def prune(t: TransportLike, state: HostState, keep: int, protect=()) -> list[str
     """Remove healthy releases beyond the newest `keep` (never the current one, nor `protect`: the
     release a deploy came from, which `--rollback-all-on-abort` returns to). Failed releases
     do not count towards `keep`: the newest `keep` of them are kept for forensics, older ones go
-    too (a host that failed often filled its disk with them)."""
-    current = state.current()
-    statuses = state.ledger().releases()
+    too (a host that failed often filled its disk with them). `current` and the ledger are read
+    in one round trip."""
+    link, text = facts.gather_many(state.io, [(link_target, {"path": str(state.layout.current)}),
+                                              (file_text, {"path": str(state.layout.ledger)})], errors="raise")
+    current = state.current(link)
+    statuses = L.parse(text or "").releases()
     healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
     failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK)]
     old = [r for r in healthy[:-keep] + failed[:-keep] if r != current and r not in protect] if keep > 0 else []

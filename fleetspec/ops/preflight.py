@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec.errors import NeedsAttention, UserError
+from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.inventory import Host
 from fleetspec.model.kernel import Kernel
@@ -46,18 +47,21 @@ from fleetspec.ops.preflight_checks import (  # noqa: F401
     installed_hashes,
     kernel_facts,
     load_kernels,
+    model_paths,
     read_unit_files,
     select_patchset,
 )
 from fleetspec.ops.redaction import check_secret_env, redact, secret_refs, secrets_of  # noqa: F401
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import FactError, file_text, missing_paths, unitfile
 from fleetspec.remote.facts import disk as disk_fact
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import model_config as model_fact
 from fleetspec.remote.facts import sglang as sglang_fact
+from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import torch as torch_fact
-from fleetspec.remote.facts import unitfile
+from fleetspec.remote.facts import unit_files as unit_files_fact
 from fleetspec.remote.facts.sglang import SglangInstall
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.torch import TorchInfo
@@ -194,14 +198,12 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     host, playbook = req.host, req.playbook
     check_secret_env(host, playbook)           # before the host is even contacted
     t.check_access()                           # become: sudo that cannot act as root: one line, exit 2
-    svc = read_service(t, host, playbook, req.root)
-    sg, tv, disk, model, gpus = facts.gather_many(t, [
-        (sglang_fact, {"python": host.vars.python}),
-        (torch_fact, {"python": host.vars.python}),
-        (disk_fact, {"path": str(HostLayout(svc.service).root)}),
-        (model_fact, {"path": _model_path(host, svc.exec_argv)}),
-        (gpu_fact, {}),
-    ])
+    got = gather_host(t, host)
+    svc = read_service(t, host, playbook, req.root, got)
+    sg, tv, disk, model, gpus = (_or_none(got[k]) for k in ("sglang", "torch", "disk", "model", "gpus"))
+    path = _model_path(host, svc.exec_argv)
+    if path != _model_path(host, []):          # ExecStart names another model than the inventory
+        model = facts.gather_many(t, [(model_fact, {"path": path})])[0]
     if sg is None or not getattr(sg, "version", None):
         raise UserError(f"{host.name}: no sglang found for python {host.vars.python} "
                         f"(vars.python in {host.inventory_path})")
@@ -215,7 +217,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     patchset = select_patchset(t, playbook, sg, host.name)
     kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
     check_disk(host, disk, patchset, kernels)
-    check_paths(t, host, playbook)
+    check_paths(t, host, playbook, _raised(got["missing"]))
     notes.extend(check_gpus(host, gpus))
     pf = Preflight(host=host, root=req.root, playbook=playbook, service=svc.service, python=host.vars.python,
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
@@ -241,17 +243,48 @@ class ServiceRead:
     overriding: list[str]
 
 
-def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path) -> ServiceRead:
+def gather_host(t: TransportLike, host: Host) -> dict:
+    """Every fact preflight reads, in one round trip (status's batching, facts.gather_many); a
+    failed fact is its FactError, raised or read as None where the check that needs it runs.
+    The model's config is read at the inventory's model_path; read_service's ExecStart may name
+    another, read again then."""
+    service, python = host.vars.service, host.vars.python
+    layout = HostLayout(service)
+    return facts.gather_many(t, {
+        "unit": (systemd_fact, {"service": service}),
+        "files": (unit_files_fact, {"service": service}),
+        "ledger": (file_text, {"path": str(layout.ledger)}),
+        "sglang": (sglang_fact, {"python": python}),
+        "torch": (torch_fact, {"python": python}),
+        "disk": (disk_fact, {"path": str(layout.root)}),
+        "model": (model_fact, {"path": _model_path(host, [])}),
+        "gpus": (gpu_fact, {}),
+        "missing": (missing_paths, {"paths": tuple(model_paths(host))}),
+    }, errors="return")
+
+
+def _raised(value):
+    if isinstance(value, FactError):
+        raise value
+    return value
+
+
+def _or_none(value):
+    return None if isinstance(value, FactError) else value
+
+
+def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, got: dict | None = None) -> ServiceRead:
     """The unit, its files and ExecStart, refusing a missing, hand-edited, orphaned, interrupted or
-    stopped service before anything is locked or written."""
+    stopped service before anything is locked or written. `got`: gather_host's facts (else read)."""
     service = host.vars.service
     state = HostState(t, host.name, service)
-    unit, files_fact = gather_unit_and_files(t, service)
+    got = gather_host(t, host) if got is None else got
+    unit, files_fact = _raised(got["unit"]), _raised(got["files"])
     if unit.load_state != "loaded" or not unit.fragment_path:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
                         f"check vars.service in {host.inventory_path}")
     unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
-    check_orphan_dropin(state, unit, host)
+    check_orphan_dropin(state, unit, host, files_fact.baseline_json)
     try:
         command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
     except ValueError as err:
@@ -259,9 +292,10 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path) -
     form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
     check_dropin_order(unit, host, service)
     overriding = admin_exec_start_dropins(unit, dropin_texts)
-    check_interrupted(state, host.name, lock=str(state.layout.lock))
+    check_interrupted(state, host.name, L.parse(_raised(got["ledger"]) or ""), lock=str(state.layout.lock))
     mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
-    check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook))
+    check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
+                     baseline_text=files_fact.baseline_json)
     if unit.active_state != "active":
         raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
                              f"moves a running service", f"ssh {host.address} systemctl status {service}")

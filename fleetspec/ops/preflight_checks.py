@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 MIN_FREE_BYTES = 256 * 1024 * 1024
 MAX_PATCH_FILE = 64 * 1024 * 1024      # a module; anything bigger is a mistake, and it is read into memory
+UNREAD = object()                      # a fact not gathered in preflight's batch: the check reads it itself
 
 
 def gather_unit(t: TransportLike, service: str) -> SystemdUnit:
@@ -89,10 +90,11 @@ def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
     return out
 
 
-def check_orphan_dropin(state: HostState, unit, host) -> None:
+def check_orphan_dropin(state: HostState, unit, host, baseline_text: str | None | object = UNREAD) -> None:
     """fleetspec's drop-in without fleetspec's state (the folder was deleted or the disk lost):
-    the service runs a release nobody can describe, so no baseline may be taken from it."""
-    if any(is_ours(p) for p in unit.dropin_paths) and state.read_baseline() is None:
+    the service runs a release nobody can describe, so no baseline may be taken from it.
+    `baseline_text`: baseline.json's text as the unit_files fact read it (else read here)."""
+    if any(is_ours(p) for p in unit.dropin_paths) and _baseline(state, baseline_text, repair=True) is None:
         raise NeedsAttention(
             f"{host.name}: {state.dropin} is there but {state.layout.baseline} is not: fleetspec's state was "
             f"lost while a release was active; check the unit, remove the drop-in, reload and restart, then retry",
@@ -120,14 +122,18 @@ def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None
 
 
 def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict,
-                     secrets: tuple = ((), ())) -> None:
+                     secrets: tuple = ((), ()), baseline_text: str | None | object = UNREAD) -> None:
     """A unit edited by hand since the baseline is refused before anything is locked or written:
     the baseline is never silently replaced, and a deploy never builds on a state nobody recorded."""
-    baseline = state.read_baseline(repair=False)      # read-only here; the locked baseline step repairs
+    baseline = _baseline(state, baseline_text, repair=False)   # read-only here; the locked baseline step repairs
     drift = baseline.differences(unit_bytes, dropins, *secrets) if baseline is not None else []
     if drift:
         raise NeedsAttention(f"{host}: {service} changed by hand since the baseline: {'; '.join(drift)}; "
                              f"review it, then record it", f"fleetspec baseline {host} --retake")
+
+
+def _baseline(state: HostState, text, repair: bool):
+    return state.read_baseline(repair=repair) if text is UNREAD else state.baseline_from_text(text, repair=repair)
 
 
 def abandon_unswitched(state: HostState, running: str, ledger: L.ParsedLedger | None = None) -> list[str]:
@@ -282,11 +288,16 @@ def check_gpus(host: Host, gpus) -> list[str]:
     return []
 
 
-def check_paths(t: TransportLike, host: Host, playbook: Playbook) -> None:
-    paths = [p for p in (host.vars.model_path, host.vars.draft_model_path) if p]
+def model_paths(host: Host) -> list[str]:
+    return [p for p in (host.vars.model_path, host.vars.draft_model_path) if p]
+
+
+def check_paths(t: TransportLike, host: Host, playbook: Playbook, missing: list[str] | None = None) -> None:
+    """`missing`: what the missing_paths fact found of model_paths(host) (else asked here)."""
+    paths = model_paths(host)
     if not paths:
         return
-    missing = files.missing_paths(t, paths)
+    missing = files.missing_paths(t, paths) if missing is None else missing
     if missing:
         raise UserError(f"{host.name}: model path {missing[0]} does not exist on the host "
                         f"(vars in {host.inventory_path})")

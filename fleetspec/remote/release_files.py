@@ -11,8 +11,10 @@ import shlex
 from pathlib import PurePosixPath
 
 from fleetspec.model.release import Release
-from fleetspec.remote import files
+from fleetspec.remote import facts, files
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import systemd as systemd_fact
+from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.systemd import DAEMON_RELOAD
 
 q = shlex.quote
@@ -93,18 +95,23 @@ def _copy_dropin_from_var(dest: str) -> str:
 
 
 def switch_to(t: TransportLike, dropin: str, candidates: list[str], legacy: list[str], rdir: str,
-              current: str) -> None:
+              current: str, show: str | None = None) -> SystemdUnit | None:
     """One round trip: the first of `candidates` that exists becomes `dropin`, the `legacy` drop-ins
-    go, `current` points at `rdir`, systemd reloads."""
+    go, `current` points at `rdir`, systemd reloads; then, in the same command, the unit `show` as
+    systemd now holds it (facts.systemd), returned."""
     src = " ".join(q(p) for p in candidates)
-    t.run_script(" && ".join([
+    script = " && ".join([
         f"mkdir -p {q(str(PurePosixPath(dropin).parent))}",
         f"for src in {src}; do [ -e \"$src\" ] && break; done",
         _copy_dropin_from_var(dropin),
         *[files.remove_durable(p) for p in legacy],
         files.symlink_atomic(rdir, current),
         DAEMON_RELOAD,
-    ]), timeout=120, check=True)
+    ])
+    if show is None:
+        t.run_script(script, timeout=120, check=True)
+        return None
+    return facts.gather_many(t, [(systemd_fact, {"service": show})], timeout=120, errors="raise", before=script)[0]
 
 
 def remove_durably(t: TransportLike, paths: list[str]) -> None:

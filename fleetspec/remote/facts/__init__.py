@@ -69,19 +69,24 @@ def split_batch(stdout: str, token: str, count: int) -> list[RawFact | None]:
     return out
 
 
-def gather_many(transport: TransportLike, items: Any, timeout: float | None = None, errors: str = "none") -> Any:
+def gather_many(transport: TransportLike, items: Any, timeout: float | None = None, errors: str = "none",
+                before: str | None = None) -> Any:
     """Run several facts in one round trip.
 
     `items`: a list of (module, params) -> a list of results in the same order, or a mapping of
     key -> (module, params) -> a dict. A fact that fails is None (errors="none"), its FactError
-    (errors="return"), or raises (errors="raise").
+    (errors="return"), or raises (errors="raise"). `before`: a script run first in the same
+    command (a change whose result the facts read); when it fails the command stops there and
+    raises as a checked command does.
     """
     keyed = isinstance(items, Mapping)
     keys = list(items) if keyed else list(range(len(items)))
     pairs = [tuple(items[k]) for k in keys]
     token = f"__FLEETSPEC_{secrets.token_hex(12)}__"
     script = build_batch(pairs, token)
-    r = transport.run_script(script, timeout=timeout)
+    if before is not None:
+        script = f"{{ {before}\n}} || exit $?\n{script}"
+    r = transport.run_script(script, timeout=timeout, check=before is not None)
     raws = split_batch(r.stdout, token, len(pairs))
     host = getattr(transport, "name", "host")
     results: list[Any] = []

@@ -1,0 +1,93 @@
+"""Preflight reads a host in one round trip (issue 17): gather_host batches the unit, its files and
+baseline, the ledger, sglang, torch, disk, the model's config, the GPUs and the model paths through
+status's batching (facts.gather_many), against the loopback sshd."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetspec.model.inventory import load_inventory
+from fleetspec.ops import preflight
+from fleetspec.remote import facts, transport
+from fleetspec.remote.facts import file_text, missing_paths
+from fleetspec.remote.transport import Transport
+
+
+@pytest.fixture
+def seen():
+    got = []
+    observer = lambda host, what, seconds, outcome: got.append(what)  # noqa: E731
+    transport.add_observer(observer)
+    yield got
+    transport.remove_observer(observer)
+
+
+def _host(tmp_path, sshd, key, writer, **vars_):
+    return load_inventory(writer(tmp_path / "inv.yaml", {"h": sshd}, key, **vars_)).hosts["h"]
+
+
+def test_small_reads_ride_in_one_batch_with_exact_bytes(t, tmp_path, seen):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_bytes(b'{"a": 1}\n{"b": "no newline at the end"}')
+    there, absent = tmp_path / "model dir", tmp_path / "gone 'quoted'"
+    there.mkdir()
+    text, none, missing = facts.gather_many(t, [
+        (file_text, {"path": str(ledger)}), (file_text, {"path": str(tmp_path / "nothing")}),
+        (missing_paths, {"paths": (str(there), str(absent))})], errors="raise")
+    assert len(seen) == 1
+    assert text == ledger.read_text() and none is None and missing == [str(absent)]
+
+
+def test_gather_host_is_one_command_and_read_service_refuses_from_it(tmp_path, sshd, ssh_client_key,
+                                                                     inventory_writer, seen):
+    host = _host(tmp_path, sshd, ssh_client_key, inventory_writer)
+    t = Transport(host)
+    try:
+        got = preflight.gather_host(t, host)
+        assert len(seen) == 1, seen
+        assert set(got) == {"unit", "files", "ledger", "sglang", "torch", "disk", "model", "gpus", "missing"}
+        assert got["missing"] == [] and got["ledger"] is None and got["disk"].free_bytes > 0
+        # no systemd on this machine: the unit fact's own error is raised, as the unbatched read raised it
+        assert isinstance(got["unit"], facts.FactError), got["unit"]
+        with pytest.raises(facts.FactError, match="h: fact systemd failed"):
+            preflight.read_service(t, host, None, tmp_path, got)
+        assert len(seen) == 1, "read_service read again what the batch had"
+    finally:
+        t.close()
+
+
+def test_prune_reads_current_and_the_ledger_in_one_command(t, tmp_path, seen):
+    """keep 1 of three healthy releases: the one `current` points at and the newest stay; the reads
+    are one command, then one rm and one ledger line for the pruned release."""
+    from fleetspec.model import ledger as L
+    from fleetspec.ops import switching
+    from fleetspec.ops.hoststate import HostState
+
+    root = tmp_path / "state"
+    base = root / "sglang-test"
+    ids = ["20260101T000000Z-ddtree-0001", "20260102T000000Z-ddtree-0002", "20260103T000000Z-ddtree-0003"]
+    for rid in ids:
+        (base / "releases" / rid).mkdir(parents=True)
+    (base / "current").symlink_to(base / "releases" / ids[0])
+    (base / "ledger.jsonl").write_text("".join(L.Entry.status(r, L.HEALTHY).to_line() + "\n" for r in ids))
+    state = HostState(t, "h", "sglang-test.service", root=root)
+    assert switching.prune(t, state, keep=1) == [ids[1]]
+    assert len(seen) == 3, seen                       # the batched read, rm, the "pruned" line
+    assert [(base / "releases" / r).is_dir() for r in ids] == [True, False, True]
+    assert state.ledger().releases()[ids[1]] == L.PRUNED
+
+
+def test_a_change_before_the_facts_is_read_by_them_and_stops_them_when_it_fails(t, tmp_path, seen):
+    """gather_many(before=): switch's reload and its ExecStart read share one command."""
+    import shlex
+
+    from fleetspec.errors import RemoteError
+
+    target = tmp_path / "written"
+    got = facts.gather_many(t, [(file_text, {"path": str(target)})], errors="raise",
+                            before=f"echo noise; printf new > {shlex.quote(str(target))}")
+    assert got == ["new"] and len(seen) == 1
+    with pytest.raises(RemoteError, match="exited 3"):
+        facts.gather_many(t, [(file_text, {"path": str(target)})], errors="raise",
+                          before=f"rm -- {shlex.quote(str(target))} && exit 3")
+    assert not target.exists() and len(seen) == 2
