@@ -142,9 +142,12 @@ def acquire_script(lock: str, holder: Holder, read: str | None = None) -> str:
 
 def guard_script(lock: str, token: str, remote_pid: int) -> str:
     """Shell that exits LOST (printing LOST_MARKER) unless this holding still holds the lock:
-    LOCK.holder names our record and our `cat` (which keeps the flock) is alive."""
+    LOCK.holder names our record and our holder process (which keeps the flock) is alive: its
+    `cat`, or the holder shell itself in the moment between printing LOCKED (and the ledger) and
+    its `exec cat` (its command line carries our token), which a loaded host makes visible."""
+    proc = f"/proc/{int(remote_pid)}"
     return (f"{{ [ \"$(readlink {q(holder_path(lock))} 2>/dev/null)\" = {q(_link_target(lock, token))} ] "
-            f"&& [ \"$(cat /proc/{int(remote_pid)}/comm 2>/dev/null)\" = cat ]; }} "
+            f"&& {{ [ \"$(cat {proc}/comm 2>/dev/null)\" = cat ] || grep -qaF {q(token)} {proc}/cmdline 2>/dev/null; }}; }} "
             f"|| {{ echo {LOST_MARKER} >&2; exit {LOST}; }}")
 
 

@@ -291,3 +291,37 @@ def test_a_switched_deploy_in_flight_is_named_by_its_lock_not_called_interrupted
         held.__exit__(None, None, None)
     with pytest.raises(NeedsAttention, match="20990101T000000Z-inflight was interrupted"):
         check_interrupted(state, "h", lock=lock)
+
+
+def test_the_guard_holds_between_locked_and_the_holders_exec(t, tmp_path, monkeypatch):
+    """The holder prints LOCKED and the ledger, then execs its `cat`; a step's guard sent the moment
+    the ledger line arrived may find the holder shell not yet exec'd (a loaded host: the lost-lock
+    refusals seen at 8 and 16 thin hosts). Held open here by a ledger that is a FIFO: the guard
+    passes while the holder is that shell, and fails once the holder is gone."""
+    import os
+
+    from fleetspec.remote.lock import LOST, _read_line, acquire_script, guard_script
+
+    monkeypatch.setenv(ENV, A)
+    state = _state(t, tmp_path)
+    lock, fifo = str(state.layout.lock), tmp_path / "ledger.fifo"
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    os.mkfifo(fifo)
+    holder = _holder(A, os.getpid())
+    chan = t.open_exec(acquire_script(lock, holder, read=str(fifo)))
+    try:
+        locked = _read_line(chan, timeout=30)
+        assert locked.startswith("LOCKED"), locked
+        pid = int(locked.split()[1])
+        r = t.run_script(guard_script(lock, holder.token, pid) + "; echo guarded", timeout=30)
+        assert r.rc == 0 and r.stdout.strip() == "guarded", (r.rc, r.stderr)
+        other = _holder(A, os.getpid())
+        assert t.run_script(guard_script(lock, other.token, pid), timeout=30).rc == LOST
+    finally:
+        with open(fifo, "w") as w:
+            w.write("x\n")
+        chan.close()
+    deadline = time.monotonic() + 10
+    while t.run_script(f"kill -0 {pid}", timeout=30).rc == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert t.run_script(guard_script(lock, holder.token, pid), timeout=30).rc == LOST
