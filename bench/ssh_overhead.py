@@ -60,6 +60,29 @@ def paramiko_round(host, n: int) -> dict:
         t.close()
 
 
+def idle_round(host, connections: int, seconds: float, wake: float | None) -> float:
+    """Client CPU ms per connection-second of `connections` open, quiet paramiko connections (a
+    fleet waiting for its engines), with the reader's socket wake set to `wake` (None: fleetspec's
+    READER_WAKE_S; 0.1 is paramiko's own)."""
+    from fleetspec.remote import transport as tr
+
+    saved = tr.READER_WAKE_S
+    tr.READER_WAKE_S = saved if wake is None else wake
+    ts = []
+    try:
+        for _ in range(connections):
+            t = tr.Transport(host)
+            t.run_script("true", check=True)
+            ts.append(t)
+        c0 = time.process_time()
+        time.sleep(seconds)
+        return (time.process_time() - c0) * 1000 / (connections * seconds)
+    finally:
+        tr.READER_WAKE_S = saved
+        for t in ts:
+            t.close()
+
+
 def openssh_round(port: int, key: Path, known: Path, n: int, tmp: Path) -> dict:
     sock = tmp / "cm.sock"
     base = ["ssh", "-F", "/dev/null", "-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o",
@@ -95,6 +118,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commands", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--idle-connections", type=int, default=10)
+    ap.add_argument("--idle-seconds", type=float, default=5.0)
     ap.add_argument("--asyncssh-python", default=None, help="a python with asyncssh installed (skipped without)")
     args = ap.parse_args()
     from fleetspec.model.inventory import load_inventory
@@ -109,7 +134,10 @@ def main() -> int:
             host = load_inventory(inv).hosts["h"]
             known = tmp / "known_hosts"
             rows: dict[str, list] = {"paramiko": [], "openssh": [], "asyncssh": []}
+            idle: dict[str, list] = {"paramiko's 0.1 s": [], "fleetspec's READER_WAKE_S": []}
             for _ in range(args.rounds):
+                idle["paramiko's 0.1 s"].append(idle_round(host, args.idle_connections, args.idle_seconds, 0.1))
+                idle["fleetspec's READER_WAKE_S"].append(idle_round(host, args.idle_connections, args.idle_seconds, None))
                 rows["paramiko"].append(paramiko_round(host, args.commands))
                 rows["openssh"].append(openssh_round(server.port, key, known, args.commands, tmp))
                 if args.asyncssh_python:
@@ -125,6 +153,11 @@ def main() -> int:
             cpu = statistics.median(r["cpu"] for r in rs) / n * 1000
             wall = statistics.median(r["wall"] for r in rs) / n * 1000
             print(f"| {name} | {cpu:.2f} | {wall:.2f} |")
+    print(f"\nQuiet connections ({args.idle_connections} open, {args.idle_seconds:g} s, median of {args.rounds}):")
+    print("| paramiko reader wake | client CPU ms per connection-second |")
+    print("|---|---|")
+    for name, rs in idle.items():
+        print(f"| {name} | {statistics.median(rs):.2f} |")
     return 0
 
 

@@ -36,6 +36,14 @@ class _Retryable(Exception):
     """A connect failure worth another try (refused, reset, timed out before the handshake)."""
 
 
+# paramiko's reader thread wakes every 0.1 s when its socket is quiet (paramiko.Transport's
+# socket timeout, _active_check_timeout) only to look whether the transport was closed; close() does not wait for
+# it. Per connection that is ~1.2 ms of controller CPU a second (bench/RESULTS.md), which grows with
+# every host and every second a deploy waits for an engine: 1 s cuts it ~7×; keepalives (30 s) and
+# incoming data are not delayed by it.
+READER_WAKE_S = 1.0
+
+
 class Transport(FileTransfer, HttpOverSsh):
     """SSH to one host (see module docstring); thread-safe for concurrent commands."""
 
@@ -123,6 +131,7 @@ class Transport(FileTransfer, HttpOverSsh):
 
     def _handshake(self, sock, address, port, user, deadline, kh_name) -> paramiko.Transport:
         t = paramiko.Transport(sock)
+        sock.settimeout(READER_WAKE_S)     # after paramiko's own 0.1 s (set in its __init__)
         try:
             t.banner_timeout = t.auth_timeout = max(1.0, deadline - time.monotonic())
             try:
