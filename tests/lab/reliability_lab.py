@@ -279,6 +279,24 @@ def link_down(host: str):
         yield dev
     finally:
         subprocess.run(["ip", "link", "set", dev, "up"], check=True)
+        _wait_reachable(host)
+
+
+def _wait_reachable(host: str, within: float = 30.0) -> None:
+    """After the link comes back, the bridge port and the neighbour entry (failed while the link
+    was down: "No route to host") take a moment; the test's next look waits for sshd to answer."""
+    import socket
+
+    address = yaml.safe_load((ROOT / "inventory" / "lab.yaml").read_text())["hosts"][host]["address"]
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with socket.create_connection((address, 22), timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @contextmanager
