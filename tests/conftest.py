@@ -191,3 +191,15 @@ def pytest_runtest_makereport(item, call):
     if any(word in reason for word in _PREREQUISITE_SKIPS):
         report.outcome = "failed"
         report.longrepr = f"CI set, but a prerequisite is missing (the set-up should have installed it): {reason}"
+
+
+@pytest.fixture
+def seen():
+    """Every remote command run while the test runs (transport.add_observer), in order."""
+    from fleetspec.remote import transport
+
+    got = []
+    observer = lambda host, what, seconds, outcome: got.append(what)  # noqa: E731
+    transport.add_observer(observer)
+    yield got
+    transport.remove_observer(observer)

@@ -246,7 +246,7 @@ class RemoteLock:
         raise RemoteError(f"{self.t.host.name}: could not take {self.lock}")
 
     def _read_file_line(self) -> str | None:
-        line = _read_long_line(self.channel, timeout=60)
+        line = _read_line(self.channel, timeout=60, chunk=65536)
         if line == READ_ABSENT:
             return None
         if not line.startswith("T "):
@@ -347,30 +347,17 @@ def _end_holder(t: TransportLike, lock: str, holder: Holder) -> None:
                  timeout=30, check=False)
 
 
-def _read_long_line(channel, timeout: float) -> str:
-    """One line that may be long (a file's base64), read in chunks: nothing follows it."""
+def _read_line(channel, timeout: float, chunk: int = 1) -> str:
+    """One line from `channel`, a byte at a time so nothing after it is consumed; `chunk` > 1 for a
+    long line (a file's base64) that nothing follows."""
     channel.settimeout(timeout)
     data = b""
     try:
         while not data.endswith(b"\n"):
-            chunk = channel.recv(65536)
-            if not chunk:
+            got = channel.recv(chunk)
+            if not got:
                 break
-            data += chunk
-    except socket.timeout:
-        pass
-    return data.decode(errors="replace").strip()
-
-
-def _read_line(channel, timeout: float) -> str:
-    channel.settimeout(timeout)
-    data = b""
-    try:
-        while not data.endswith(b"\n"):
-            chunk = channel.recv(1)
-            if not chunk:
-                break
-            data += chunk
+            data += got
     except socket.timeout:
         pass
     return data.decode(errors="replace").strip()

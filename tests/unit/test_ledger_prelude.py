@@ -17,7 +17,6 @@ import pytest
 from fleetspec.identity import ENV
 from fleetspec.model import ledger as L
 from fleetspec.ops.hoststate import PRELUDE_MARKER, HostState, LedgerWriteFailed
-from fleetspec.remote import transport
 from fleetspec.remote.lock import LockLost, RemoteLock, force_unlock
 
 
@@ -25,15 +24,6 @@ from fleetspec.remote.lock import LockLost, RemoteLock, force_unlock
 def fast(monkeypatch):
     monkeypatch.setenv("FLEETSPEC_LOCK_HEARTBEAT_S", "0.1")
     monkeypatch.setenv("FLEETSPEC_LOCK_STALE_S", "1")
-
-
-@pytest.fixture
-def seen():
-    got = []
-    observer = lambda host, what, seconds, outcome: got.append(what)  # noqa: E731
-    transport.add_observer(observer)
-    yield got
-    transport.remove_observer(observer)
 
 
 def _state(t, tmp_path, mirror=True) -> HostState:

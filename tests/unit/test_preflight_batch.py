@@ -8,18 +8,9 @@ import pytest
 
 from fleetspec.model.inventory import load_inventory
 from fleetspec.ops import preflight
-from fleetspec.remote import facts, transport
+from fleetspec.remote import facts
 from fleetspec.remote.facts import file_text, missing_paths
 from fleetspec.remote.transport import Transport
-
-
-@pytest.fixture
-def seen():
-    got = []
-    observer = lambda host, what, seconds, outcome: got.append(what)  # noqa: E731
-    transport.add_observer(observer)
-    yield got
-    transport.remove_observer(observer)
 
 
 def _host(tmp_path, sshd, key, writer, **vars_):
