@@ -110,7 +110,8 @@ class Deploy:
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
         with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
-                        read=str(self.state.layout.ledger)) as lock:
+                        read=[str(self.state.layout.ledger), self.state.baseline_json],
+                        link=str(self.state.layout.current)) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
             try:
@@ -202,7 +203,9 @@ class Deploy:
         return dict(self.pf.summary(), abandoned=abandoned)
 
     def _baseline(self) -> dict:
-        baseline = self.state.read_baseline()
+        # baseline.json and `current` as the lock's holder read them (RemoteLock read=, link=): under
+        # the lock, no command of their own. A corrupt one is repaired from the mirror here.
+        baseline = self.state.baseline_from_text(self.lock.read_texts[self.state.baseline_json], repair=True)
         if self.state.repaired:
             self.echo(self.state.repaired)
         if baseline is None:
@@ -216,7 +219,7 @@ class Deploy:
             raise StepFailed("baseline", "the service changed by hand since the baseline: " + "; ".join(drift)
                              + f" — review it, then run: fleetspec baseline {self.host.name} --retake")
         self.pf.baseline = baseline
-        self.previous = self.state.current()
+        self.previous = self.state.current(self.lock.link_target)
         self.previous_known = True
         return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
 

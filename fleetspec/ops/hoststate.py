@@ -158,6 +158,10 @@ class HostState:
         return ledger_model.parse(files.read_text(self.io, str(self.layout.ledger)) or "")
 
     # baseline ---------------------------------------------------------------------------
+    @property
+    def baseline_json(self) -> str:
+        return str(self.layout.baseline / "baseline.json")
+
     def read_baseline(self, repair: bool = True) -> Baseline | None:
         """The recorded baseline. A host copy that no longer verifies (its own sha256s) is put back
         from the fleet root's mirror when that one verifies (`repair`, under the lock; else the

@@ -46,20 +46,22 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     target = to or BASELINE
-    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo) as lock:
+    # the ledger, baseline.json and `current` as the lock's holder read them: no command of their own
+    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo,
+                    read=[str(state.layout.ledger), state.baseline_json], link=str(state.layout.current)) as lock:
         state.lock = lock                       # each ledger line checks the lock is still ours
-        baseline = state.read_baseline()
+        baseline = state.baseline_from_text(lock.read_texts[state.baseline_json], repair=True)
         if state.repaired:
             echo(state.repaired)
         if baseline is None:
             raise UserError(f"{host.name}: no baseline recorded for {host.vars.service}: fleetspec never changed it")
-        ledger = state.ledger()
+        ledger = L.parse(lock.read_text or "")
         statuses = ledger.releases()
         if target != BASELINE and statuses.get(target) != L.HEALTHY:
             healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
             raise UserError(f"{host.name}: {target} is {statuses.get(target, 'unknown')}, not a healthy release; "
                             f"targets: baseline{', ' if healthy else ''}{', '.join(healthy)}")
-        left = state.current()
+        left = state.current(lock.link_target)
         interrupted = ledger.interrupted()
         record_under = left or (interrupted[-1] if interrupted else BASELINE)
         echo(f"[{host.name}] rollback {left or BASELINE} -> {target}")

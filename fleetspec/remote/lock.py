@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.identity import controller_id
@@ -121,21 +122,33 @@ def read_under_lock(path: str) -> str:
             f"|| echo {READ_FAILED}; else echo {READ_ABSENT}; fi")
 
 
-def acquire_script(lock: str, holder: Holder, read: str | None = None) -> str:
+def readlink_under_lock(path: str) -> str:
+    """One line: `T <base64 of readlink's output>`, or READ_ABSENT when `path` is no symlink."""
+    return (f"if l=$(readlink -- {q(path)}); then printf 'T %s\\n' \"$(printf %s \"$l\" | base64 -w0)\"; "
+            f"else echo {READ_ABSENT}; fi")
+
+
+def _reads(read: str | Sequence[str] | None) -> tuple[str, ...]:
+    return (read,) if isinstance(read, str) else tuple(read or ())
+
+
+def acquire_script(lock: str, holder: Holder, read: str | Sequence[str] | None = None, link: str | None = None) -> str:
     """flock, then (holding it) clear earlier holders' leftovers, write our record with the remote
     holder's pid ($$ survives the exec), point LOCK.holder at it, and append heartbeats to our file.
-    `read`: a file to print (read_under_lock) on the line after LOCKED, read while the lock is held."""
+    `read`: files to print (read_under_lock, one line each) after LOCKED, then `link`'s target
+    (readlink_under_lock): read while the lock is held, so no command of their own."""
     if not holder.token or not holder.token.isalnum():
         raise ValueError("a lock holder needs an alphanumeric token")
     fields = {k: v for k, v in holder.__dict__.items() if k != "remote_pid"}
     head = json.dumps(fields, sort_keys=True)[:-1] + ', "remote_pid": '
-    hd, rec, hb, link = holders_dir(lock), record_path(lock, holder.token), heartbeat_path(lock, holder.token), holder_path(lock)
+    hd, rec, hb, lk = holders_dir(lock), record_path(lock, holder.token), heartbeat_path(lock, holder.token), holder_path(lock)
+    reads = [read_under_lock(p) for p in _reads(read)] + ([readlink_under_lock(link)] if link else [])
     inner = (f"mkdir -p {q(hd)} && for f in {q(hd)}/*; do case \"$f\" in {q(hd)}/{holder.token}.*) ;; "
              f"*) rm -f -- \"$f\" ;; esac; done; "
              f"printf '%s%s}}' {q(head)} \"$$\" > {q(rec + files.TMP_SUFFIX)} && mv -f {q(rec + files.TMP_SUFFIX)} {q(rec)} "
-             f"&& ln -sfn {q(_link_target(lock, holder.token))} {q(link + files.TMP_SUFFIX)} "
-             f"&& mv -Tf {q(link + files.TMP_SUFFIX)} {q(link)} "
-             f"&& : > {q(hb)} && echo LOCKED $$ && {{ {read_under_lock(read) if read else ':'}; }} "
+             f"&& ln -sfn {q(_link_target(lock, holder.token))} {q(lk + files.TMP_SUFFIX)} "
+             f"&& mv -Tf {q(lk + files.TMP_SUFFIX)} {q(lk)} "
+             f"&& : > {q(hb)} && echo LOCKED $$ && {{ {'; '.join(reads) or ':'}; }} "
              f"&& exec cat >> {q(hb)}")
     return f"mkdir -p \"$(dirname {q(lock)})\" && exec flock -n -E {BUSY} {q(lock)} sh -c {q(inner)}"
 
@@ -196,9 +209,10 @@ def busy(t: TransportLike, lock: str) -> UserError | None:
 
 class RemoteLock:
     def __init__(self, t: TransportLike, lock: str, *, release: str, note=lambda line: None, holder: Holder | None = None,
-                 heartbeat: bool = True, read: str | None = None):
-        self.t, self.lock, self.note, self.read = t, lock, note, read
-        self.read_text: str | None = None   # `read`'s text as the holder read it under the lock (None: absent)
+                 heartbeat: bool = True, read: str | Sequence[str] | None = None, link: str | None = None):
+        self.t, self.lock, self.note, self.read, self.link = t, lock, note, _reads(read), link
+        self.read_texts: dict[str, str | None] = {}   # each `read` path's text as read under the lock (None: absent)
+        self.link_target: str | None = None           # `link`'s readlink under the lock ("": no symlink)
         self._files_removed = False
         self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
                                        pid=os.getpid(), since=time.time(), release=release,
@@ -211,12 +225,12 @@ class RemoteLock:
 
     def __enter__(self) -> "RemoteLock":
         for attempt in (1, 2):
-            self.channel = self.t.open_exec(acquire_script(self.lock, self.holder, self.read))
+            self.channel = self.t.open_exec(acquire_script(self.lock, self.holder, self.read, self.link))
             line = _read_line(self.channel, timeout=30)
             if line.startswith("LOCKED"):
                 self.remote_pid = int(line.split()[1])
-                if self.read:
-                    self.read_text = self._read_file_line()
+                if self.read or self.link:
+                    self._read_held()
                 if self._heartbeat:
                     self._beats = threading.Thread(target=self._beat, name="lock-heartbeat", daemon=True)
                     self._beats.start()
@@ -245,16 +259,31 @@ class RemoteLock:
             raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
         raise RemoteError(f"{self.t.host.name}: could not take {self.lock}")
 
-    def _read_file_line(self) -> str | None:
-        line = _read_line(self.channel, timeout=60, chunk=65536)
-        if line == READ_ABSENT:
-            return None
-        if not line.startswith("T "):
-            self.__exit__(None, None, None)
-            raise RemoteError(f"{self.t.host.name}: could not read {self.read} under {self.lock}: {line[:200] or 'no answer'}")
+    @property
+    def read_text(self) -> str | None:
+        """The first `read` path's text (the ledger, for a deploy)."""
+        return self.read_texts.get(self.read[0]) if self.read else None
+
+    def _read_held(self) -> None:
+        """The holder's lines after LOCKED: one per `read` path, then `link`'s (nothing follows them)."""
         import base64
 
-        return base64.b64decode(line[2:]).decode("utf-8", "replace")
+        names = [*self.read, *([self.link] if self.link else [])]
+        lines = _read_line(self.channel, timeout=60, chunk=65536, lines=len(names)).split("\n")
+        for i, name in enumerate(names):
+            line = lines[i].strip() if i < len(lines) else ""
+            if line == READ_ABSENT:
+                text = None
+            elif line == "T" or line.startswith("T "):
+                text = base64.b64decode(line[2:]).decode("utf-8", "replace")
+            else:
+                self.__exit__(None, None, None)
+                raise RemoteError(f"{self.t.host.name}: could not read {name} under {self.lock}: "
+                                  f"{line[:200] or 'no answer'}")
+            if name == self.link and i == len(self.read):
+                self.link_target = text or ""
+            else:
+                self.read_texts[name] = text
 
     def _beat(self) -> None:
         while not self._stop.wait(heartbeat_s()):
@@ -347,13 +376,13 @@ def _end_holder(t: TransportLike, lock: str, holder: Holder) -> None:
                  timeout=30, check=False)
 
 
-def _read_line(channel, timeout: float, chunk: int = 1) -> str:
-    """One line from `channel`, a byte at a time so nothing after it is consumed; `chunk` > 1 for a
-    long line (a file's base64) that nothing follows."""
+def _read_line(channel, timeout: float, chunk: int = 1, lines: int = 1) -> str:
+    """One line (`lines` lines) from `channel`, a byte at a time so nothing after it is consumed;
+    `chunk` > 1 for long lines (files' base64) that nothing follows."""
     channel.settimeout(timeout)
     data = b""
     try:
-        while not data.endswith(b"\n"):
+        while not (data.endswith(b"\n") and data.count(b"\n") >= lines):
             got = channel.recv(chunk)
             if not got:
                 break
