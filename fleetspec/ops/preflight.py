@@ -47,7 +47,9 @@ from fleetspec.ops.preflight_checks import (  # noqa: F401
     installed_hashes,
     kernel_facts,
     load_kernels,
+    candidate_paths,
     model_paths,
+    preload_patchsets,
     read_unit_files,
     select_patchset,
 )
@@ -198,7 +200,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     host, playbook = req.host, req.playbook
     check_secret_env(host, playbook)           # before the host is even contacted
     t.check_access()                           # become: sudo that cannot act as root: one line, exit 2
-    got = gather_host(t, host)
+    loaded = preload_patchsets(playbook)
+    got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
     sg, tv, disk, model, gpus = (_or_none(got[k]) for k in ("sglang", "torch", "disk", "model", "gpus"))
     path = _model_path(host, svc.exec_argv)
@@ -214,7 +217,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options)
     notes.extend(f"{host.name}: {n}" for n in launch.notes)
-    patchset = select_patchset(t, playbook, sg, host.name)
+    patchset = select_patchset(t, playbook, sg, host.name, loaded)
     kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
     check_disk(host, disk, patchset, kernels)
     check_paths(t, host, playbook, _raised(got["missing"]))
@@ -243,18 +246,19 @@ class ServiceRead:
     overriding: list[str]
 
 
-def gather_host(t: TransportLike, host: Host) -> dict:
+def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) -> dict:
     """Every fact preflight reads, in one round trip (status's batching, facts.gather_many); a
     failed fact is its FactError, raised or read as None where the check that needs it runs.
     The model's config is read at the inventory's model_path; read_service's ExecStart may name
-    another, read again then."""
+    another, read again then. `hash_paths`: every patch-set path the playbook could need, hashed
+    by the sglang fact (the version that picks the patch set is not known before the batch)."""
     service, python = host.vars.service, host.vars.python
     layout = HostLayout(service)
     return facts.gather_many(t, {
         "unit": (systemd_fact, {"service": service}),
         "files": (unit_files_fact, {"service": service}),
         "ledger": (file_text, {"path": str(layout.ledger)}),
-        "sglang": (sglang_fact, {"python": python}),
+        "sglang": (sglang_fact, {"python": python, "hash_paths": tuple(hash_paths)}),
         "torch": (torch_fact, {"python": python}),
         "disk": (disk_fact, {"path": str(layout.root)}),
         "model": (model_fact, {"path": _model_path(host, [])}),

@@ -161,20 +161,52 @@ def _model_path(host, exec_argv: list[str]) -> str:
     return host.vars.model_path or "/nonexistent"
 
 
-def select_patchset(t: TransportLike, playbook, sg, host: str):
+def preload_patchsets(playbook) -> dict:
+    """Each version's patch set loaded (or the error loading it raised, raised again only if that
+    version is picked): their paths ride in preflight's batch before the host's version is known."""
+    from fleetspec.model.patchset import load_patchset
+
+    out: dict = {}
+    for version, folder in (getattr(playbook, "patchsets", None) or {}).items():
+        try:
+            out[version] = load_patchset(folder)
+        except Exception as err:  # noqa: BLE001 - kept and raised where today's load raises it
+            out[version] = err
+    return out
+
+
+def candidate_paths(loaded: dict) -> tuple[str, ...]:
+    """Every file path of the loaded patch sets (few files each), for the sglang fact to hash."""
+    return tuple(sorted({f.path for ps in loaded.values() if not isinstance(ps, Exception) for f in ps.files}))
+
+
+def select_patchset(t: TransportLike, playbook, sg, host: str, loaded: dict | None = None):
     if not playbook.patchsets:
         return None
     from fleetspec.model.patchset import check_base, load_patchset
     from fleetspec.model.patchset import select_patchset as pick
 
     folder = pick(playbook.patchsets, sg.version, host=host)
-    patchset = load_patchset(folder)
+    patchset = (loaded or {}).get(sg.version)
+    if isinstance(patchset, Exception):
+        raise patchset
+    patchset = patchset or load_patchset(folder)
     check_contents(patchset)
     try:
-        check_base(patchset, sg.version, installed_hashes(t, sg.site_packages, patchset))
+        check_base(patchset, sg.version, _installed(t, sg, patchset))
     except UserError as err:
         raise UserError(f"{host}: {err}") from None
     return patchset
+
+
+def _installed(t: TransportLike, sg, patchset) -> dict[str, str]:
+    """The patch set's installed sha256s: from the sglang fact when the batch hashed every one of
+    its paths, else read now (installed_hashes)."""
+    got = getattr(sg, "hashes", None)
+    wanted = [f.path for f in patchset.files]
+    if got is None or any(p not in got for p in wanted):
+        return installed_hashes(t, sg.site_packages, patchset)
+    return {p: got[p] for p in wanted if got[p] is not None}
 
 
 def check_templates(pf: "Preflight") -> None:

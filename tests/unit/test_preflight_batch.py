@@ -82,3 +82,38 @@ def test_a_change_before_the_facts_is_read_by_them_and_stops_them_when_it_fails(
         facts.gather_many(t, [(file_text, {"path": str(target)})], errors="raise",
                           before=f"rm -- {shlex.quote(str(target))} && exit 3")
     assert not target.exists() and len(seen) == 2
+
+
+@pytest.mark.sglang
+def test_the_patch_sets_installed_sha256s_ride_in_the_batch(t, seen):
+    """Issue 17: the batch cannot know the sglang version first, so the sglang fact hashes every
+    path of every patch set the playbook names; the picked one's base check then reads nothing."""
+    import hashlib
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from fleetspec.errors import UserError
+    from fleetspec.lab.envs import local_env
+    from fleetspec.remote.facts import sglang as sglang_fact
+
+    repo = Path(__file__).resolve().parents[2]
+    versions = ("0.5.13.post1", "0.5.23")
+    playbook = SimpleNamespace(patchsets={v: repo / f"playbooks/ddtree/patches/sglang-{v}" for v in versions})
+    loaded = preflight.preload_patchsets(playbook)
+    paths = preflight.candidate_paths(loaded)
+    assert set(paths) == {f.path for v in versions for f in loaded[v].files}
+    sg = facts.gather_many(t, [(sglang_fact, {"python": str(local_env("0.5.23")), "hash_paths": paths})],
+                           errors="raise")[0]
+    assert sg.version == "0.5.23" and set(sg.hashes) == set(paths)
+    for path, digest in sg.hashes.items():
+        f = Path(sg.site_packages) / path
+        assert digest == (hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None)
+    seen.clear()
+    assert preflight.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"]
+    assert seen == []                                   # no command of its own
+    added = next(f for f in loaded["0.5.23"].files if f.action == "add")   # a plugin: it adds files
+    sg.hashes[added.path] = "0" * 64                    # an unknown file where it would go
+    with pytest.raises(UserError, match=f"h: {added.path} exists on the host but not in sglang==0.5.23"):
+        preflight.select_patchset(t, playbook, sg, "h", loaded)
+    sg.hashes = None                                    # not asked: read as before, one command
+    assert preflight.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"] and len(seen) == 1

@@ -136,6 +136,17 @@ else:
         if not unsure:
             save(stem + ".summary.json", {"digest": digest, "drift": out["drift"], "missing": out["missing"],
                                           "files_checked": out["files_checked"]})
+if out["site_packages"] and len(sys.argv) > 1:
+    out["hashes"] = {}
+    for rel in sys.argv[1:]:
+        h = hashlib.sha256()
+        try:
+            with open(os.path.join(out["site_packages"], rel), "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            out["hashes"][rel] = h.hexdigest()
+        except OSError:
+            out["hashes"][rel] = None
 print(json.dumps(out))
 '''
 
@@ -152,6 +163,7 @@ class SglangInstall:
     files_checked: int = 0
     files_hashed: int = 0                               # how many were read (the rest: cache hits)
     error: str | None = None
+    hashes: dict[str, str | None] | None = None          # hash_paths' sha256 (None: absent); None: not asked
 
     @property
     def installed(self) -> bool:
@@ -162,18 +174,20 @@ class SglangInstall:
         return self.installed and not self.drift and not self.missing
 
 
-def command(python: str) -> str:
-    return python_c(python, SNIPPET)     # from a root-only folder, never the login folder (files.python_c)
+def command(python: str, hash_paths: tuple[str, ...] = ()) -> str:
+    """`hash_paths`: paths under site-packages to hash too (preflight's patch-set candidates, read
+    in the same batch although which sglang version, and so which patch set, is not known yet)."""
+    return python_c(python, SNIPPET, args=hash_paths)   # from a root-only folder, never the login folder
 
 
-def parse(stdout: str, python: str = "") -> SglangInstall:
+def parse(stdout: str, python: str = "", hash_paths: tuple[str, ...] = ()) -> SglangInstall:
     data = json.loads(stdout.strip().splitlines()[-1])
     return SglangInstall(
         python=data["python"], python_version=data["python_version"], version=data.get("version"),
         site_packages=data.get("site_packages"), dist_info=data.get("dist_info"),
         drift=sorted(data.get("drift", [])), missing=sorted(data.get("missing", [])),
         files_checked=int(data.get("files_checked", 0)), files_hashed=int(data.get("files_hashed", 0)),
-        error=data.get("error"))
+        error=data.get("error"), hashes=data.get("hashes") if hash_paths else None)
 
 
 @dataclass(frozen=True)
