@@ -20,8 +20,8 @@ from fleetspec.model.inventory import Host
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.playbook import Playbook
 from fleetspec.model.release import BASELINE, Release, new_release_id
+from fleetspec.ops import planning, probes, smoke_run, switching
 from fleetspec.ops import preflight as preflight_mod
-from fleetspec.ops import probes, smoke_run, switching
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.remote.api import TransportLike
@@ -110,8 +110,7 @@ class Deploy:
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
         with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
-                        read=[str(self.state.layout.ledger), self.state.baseline_json],
-                        link=str(self.state.layout.current)) as lock:
+                        **self.state.lock_reads) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
             try:
@@ -136,7 +135,7 @@ class Deploy:
                         return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
                 self.step("commit", self._commit)
-                lock.remove_files(self.t)       # carries commit's "ok" line: one command for both
+                planning.prune_and_unlock(self.t, self.state, lock, self.prune_old, note=self.echo)
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
@@ -203,8 +202,6 @@ class Deploy:
         return dict(self.pf.summary(), abandoned=abandoned)
 
     def _baseline(self) -> dict:
-        # baseline.json and `current` as the lock's holder read them (RemoteLock read=, link=): under
-        # the lock, no command of their own. A corrupt one is repaired from the mirror here.
         baseline = self.state.baseline_from_text(self.lock.read_texts[self.state.baseline_json], repair=True)
         if self.state.repaired:
             self.echo(self.state.repaired)
@@ -319,10 +316,10 @@ class Deploy:
         return {"figures": figures}
 
     def _commit(self) -> dict:
-        self.state.defer(L.Entry.status(self.release_id, L.HEALTHY))    # rides with prune's first command
-        pruned = (switching.prune(self.t, self.state, keep=self.pf.keep_releases, protect=[self.previous])
-                  if self.req.prune else [])
-        return {"pruned": pruned}
+        self.state.defer(L.Entry.status(self.release_id, L.HEALTHY))   # what to prune: known, no read
+        self.prune_old = planning.to_prune(self.state, self.lock.read_text, self.release_id,
+                                           self.pf.keep_releases if self.req.prune else 0, protect=[self.previous])
+        return {"pruned": self.prune_old}
 
     # Failure path -----------------------------------------------------------------------------
     def _revert(self, failure: StepFailed) -> DeployOutcome:

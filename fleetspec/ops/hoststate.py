@@ -70,6 +70,7 @@ class HostState:
         self.pending: list[ledger_model.Entry] = []
         self.broken: RemoteError | None = None     # a prelude's write failed: the carrier stops
         self._sent_ids: set[int] = set()
+        self.written: list[str] = []           # the ledger lines this state appended, in order
 
     @property
     def io(self) -> Carrying:
@@ -151,8 +152,18 @@ class HostState:
             err.charged_step = charged_step(entries)
             raise
         self._sent_ids.update(id(e) for e in entries)
+        self.appended(lines)
+
+    def appended(self, lines: list[str]) -> None:
+        """Lines appended on the host (by a prelude or by a command's own script): known as
+        written, and mirrored."""
+        self.written.extend(lines)
         if self.mirror:
             append_private(self.mirror / "ledger.jsonl", "".join(line + "\n" for line in lines))
+
+    def line(self, entry: ledger_model.Entry) -> str:
+        """`entry` as its ledger line (redacted)."""
+        return self._lines([entry])[0]
 
     def ledger(self) -> ledger_model.ParsedLedger:
         return ledger_model.parse(files.read_text(self.io, str(self.layout.ledger)) or "")
@@ -161,6 +172,12 @@ class HostState:
     @property
     def baseline_json(self) -> str:
         return str(self.layout.baseline / "baseline.json")
+
+    @property
+    def lock_reads(self) -> dict:
+        """RemoteLock's read= and link= for deploy and rollback: the ledger (lock.read_text),
+        baseline.json and `current`, read by the holder once it holds the lock."""
+        return {"read": [str(self.layout.ledger), self.baseline_json], "link": str(self.layout.current)}
 
     def read_baseline(self, repair: bool = True) -> Baseline | None:
         """The recorded baseline. A host copy that no longer verifies (its own sha256s) is put back

@@ -17,6 +17,7 @@ from fleetspec.ops.staging import sha
 from fleetspec.remote import facts, files
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import file_text, link_target
+from fleetspec.remote.lock import RemoteLock
 
 if TYPE_CHECKING:
     from fleetspec.ops.preflight import Preflight
@@ -70,21 +71,68 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
 
 
 def prune(t: TransportLike, state: HostState, keep: int, protect=()) -> list[str]:
-    """Remove healthy releases beyond the newest `keep` (never the current one, nor `protect`: the
-    release a deploy came from, which `--rollback-all-on-abort` returns to). Failed releases
-    do not count towards `keep`: the newest `keep` of them are kept for forensics, older ones go
-    too (a host that failed often filled its disk with them). `current` and the ledger are read
-    in one round trip."""
+    """Remove what prune_candidates names, reading `current` and the ledger in one round trip first
+    (a deploy knows both already: it uses prune_candidates and prune_script instead)."""
     link, text = facts.gather_many(state.io, [(link_target, {"path": str(state.layout.current)}),
                                               (file_text, {"path": str(state.layout.ledger)})], errors="raise")
-    current = state.current(link)
-    statuses = L.parse(text or "").releases()
-    healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
-    failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK)]
-    old = [r for r in healthy[:-keep] + failed[:-keep] if r != current and r not in protect] if keep > 0 else []
+    old = prune_candidates(L.parse(text or "").releases(), state.current(link), keep, protect)
     for rid in old:
-        if not is_name(rid):    # the ledger parser drops such lines; a path part is checked where it is used too
-            continue
         files.rm_tree(t, str(state.layout.release(rid)))
         state.record(L.Entry.status(rid, L.PRUNED))
     return old
+
+
+def prune_candidates(statuses: dict[str, str], current: str | None, keep: int, protect=()) -> list[str]:
+    """Healthy releases beyond the newest `keep` (never the current one, nor `protect`: the
+    release a deploy came from, which `--rollback-all-on-abort` returns to). Failed releases
+    do not count towards `keep`: the newest `keep` of them are kept for forensics, older ones go
+    too (a host that failed often filled its disk with them)."""
+    healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
+    failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK)]
+    old = [r for r in healthy[:-keep] + failed[:-keep] if r != current and r not in protect] if keep > 0 else []
+    return [r for r in old if is_name(r)]   # the parser drops such lines; path parts are checked where used too
+
+
+PRUNED_MARK = "FLEETSPEC-PRUNED"
+
+
+def prune_script(state: HostState, old: list[str]) -> tuple[str, dict[str, str]]:
+    """Shell that removes each release in `old` and then appends its PRUNED line, printing
+    `PRUNED_MARK id` for each done; one that fails is left (and unrecorded), the rest go on. Also
+    returns each release's ledger line, for pruned_by to mirror the ones done."""
+    lines = {rid: state.line(L.Entry.status(rid, L.PRUNED)) for rid in old}
+    parts = [f"{{ rm -rf -- {files.q(str(state.layout.release(rid)))} && "
+             f"( {files.append_lines_script(str(state.layout.base), str(state.layout.ledger), [line])} ) && "
+             f"echo {PRUNED_MARK} {files.q(rid)}; }}" for rid, line in lines.items()]
+    return "; ".join(parts), lines
+
+
+def pruned_by(stdout: str, lines: dict[str, str]) -> list[str]:
+    """The releases prune_script's output says it removed and recorded."""
+    done = {ln.split(" ", 1)[1] for ln in stdout.splitlines() if ln.startswith(PRUNED_MARK + " ")}
+    return [rid for rid in lines if rid in done]
+
+
+def to_prune(state: HostState, read_text: str | None, current: str, keep: int, protect=()) -> list[str]:
+    """prune_candidates from what a deploy knows, with no read: the ledger as read under the lock,
+    plus the lines this state appended since and those still deferred; `current`: its release."""
+    text = read_text or ""
+    ours = [*state.written, *map(state.line, state.pending)]
+    sep = "\n" if text and not text.endswith("\n") else ""
+    statuses = L.parse(text + sep + "".join(line + "\n" for line in ours)).releases()
+    return prune_candidates(statuses, current, keep, protect)
+
+
+def prune_and_unlock(t: TransportLike, state: HostState, lock: RemoteLock, old: list[str], note) -> list[str]:
+    """One command (carrying the deferred lines): remove and record each release in `old`, then
+    the lock's files, which go whatever the prune did. A release that could not be removed is only
+    noted: a prune never fails a healthy deploy. Returns the releases pruned."""
+    script, lines = prune_script(state, old)
+    r = lock.remove_files(t, before=script, timeout=120 if lines else 30)
+    done = pruned_by(r.stdout, lines)
+    state.appended([lines[rid] for rid in done])
+    left = [rid for rid in lines if rid not in done]
+    if left:
+        why = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1][:200]
+        note(f"[{state.host}] note: could not prune {', '.join(left)}: {why}")
+    return done

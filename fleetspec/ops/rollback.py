@@ -47,8 +47,7 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
     state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     target = to or BASELINE
     # the ledger, baseline.json and `current` as the lock's holder read them: no command of their own
-    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo,
-                    read=[str(state.layout.ledger), state.baseline_json], link=str(state.layout.current)) as lock:
+    with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo, **state.lock_reads) as lock:
         state.lock = lock                       # each ledger line checks the lock is still ours
         baseline = state.baseline_from_text(lock.read_texts[state.baseline_json], repair=True)
         if state.repaired:

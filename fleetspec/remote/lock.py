@@ -313,11 +313,14 @@ class RemoteLock:
             raise LockLost(f"{self.t.host.name}: lost the lock on {self.lock} (ended by someone else, or our session "
                            f"on the host died){who}; stopped without changing anything more")
 
-    def remove_files(self, t: TransportLike) -> None:
+    def remove_files(self, t: TransportLike, before: str = "", timeout: float = 30):
         """Remove our record and heartbeat now, through `t` (one whose commands carry the last
-        ledger lines: then that write and this cost one command); __exit__ then only closes."""
-        t.run_script(self._remove_script(), timeout=30, check=False)
+        ledger lines: then that write and this cost one command); __exit__ then only closes.
+        `before`: the caller's last work (a deploy's prune), run first in the same command; the
+        files go whatever it does. Returns the command's result."""
+        r = t.run_script((f"{before}\n" if before else "") + self._remove_script(), timeout=timeout, check=False)
         self._files_removed = True
+        return r
 
     def _remove_script(self) -> str:
         # only our own record and heartbeat: LOCK.holder may already name a newer holder

@@ -4,6 +4,8 @@ status's batching (facts.gather_many), against the loopback sshd."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleetspec.model.inventory import load_inventory
@@ -117,3 +119,35 @@ def test_the_patch_sets_installed_sha256s_ride_in_the_batch(t, seen):
         preflight.select_patchset(t, playbook, sg, "h", loaded)
     sg.hashes = None                                    # not asked: read as before, one command
     assert preflight.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"] and len(seen) == 1
+
+
+def test_a_deploys_prune_rides_with_its_last_lines_and_the_locks_release(t, tmp_path, seen):
+    """Issue 17: what to prune comes from the ledger read under the lock plus this deploy's own
+    lines (no read); removing, recording PRUNED and dropping the lock's files is the one command
+    that carries the deferred HEALTHY line."""
+    from fleetspec.model import ledger as L
+    from fleetspec.ops import planning
+    from fleetspec.ops.hoststate import HostState
+    from fleetspec.remote.lock import RemoteLock, holders_dir
+
+    root = tmp_path / "state"
+    base = root / "sglang-test"
+    ids = ["20260101T000000Z-ddtree-0001", "20260102T000000Z-ddtree-0002", "20260103T000000Z-ddtree-0003"]
+    for rid in ids:
+        (base / "releases" / rid).mkdir(parents=True)
+    (base / "ledger.jsonl").write_text("".join(L.Entry.status(r, L.HEALTHY).to_line() + "\n" for r in ids[:2]))
+    state = HostState(t, "h", "sglang-test.service", root=root, mirror=tmp_path / "mirror")
+    with RemoteLock(t, str(state.layout.lock), release=ids[2], **state.lock_reads) as lock:
+        state.lock = lock
+        state.record(L.Entry.status(ids[2], L.STAGED))
+        state.defer(L.Entry.status(ids[2], L.HEALTHY))
+        old = planning.to_prune(state, lock.read_text, ids[2], keep=1, protect=[ids[1]])
+        assert old == [ids[0]]                            # not the newest, not the one it came from
+        seen.clear()
+        assert planning.prune_and_unlock(state.io, state, lock, old, note=pytest.fail) == [ids[0]]
+        assert len(seen) == 1, seen
+        assert list(Path(holders_dir(str(state.layout.lock))).iterdir()) == []
+    assert [(base / "releases" / r).is_dir() for r in ids] == [False, True, True]
+    releases = state.ledger().releases()
+    assert releases == {ids[0]: L.PRUNED, ids[1]: L.HEALTHY, ids[2]: L.HEALTHY}
+    assert L.parse((tmp_path / "mirror" / "ledger.jsonl").read_text()).releases()[ids[0]] == L.PRUNED
