@@ -151,3 +151,37 @@ def test_a_deploys_prune_rides_with_its_last_lines_and_the_locks_release(t, tmp_
     releases = state.ledger().releases()
     assert releases == {ids[0]: L.PRUNED, ids[1]: L.HEALTHY, ids[2]: L.HEALTHY}
     assert L.parse((tmp_path / "mirror" / "ledger.jsonl").read_text()).releases()[ids[0]] == L.PRUNED
+
+
+def test_a_release_that_cannot_be_pruned_is_a_note_and_the_lock_files_still_go(t, tmp_path, seen):
+    """rm fails on one release (an immutable file in it): that one keeps its folder and gets no
+    PRUNED line, the other is pruned, the deploy only hears a note, and the lock's files go."""
+    import subprocess
+
+    from fleetspec.model import ledger as L
+    from fleetspec.ops import planning
+    from fleetspec.ops.hoststate import HostState
+    from fleetspec.remote.lock import RemoteLock, holders_dir
+
+    root = tmp_path / "state"
+    base = root / "sglang-test"
+    ids = ["20260101T000000Z-ddtree-0001", "20260102T000000Z-ddtree-0002"]
+    for rid in ids:
+        (base / "releases" / rid).mkdir(parents=True)
+    stuck = base / "releases" / ids[0] / "stuck"
+    stuck.write_text("x")
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    notes = []
+    try:
+        state = HostState(t, "h", "sglang-test.service", root=root)
+        with RemoteLock(t, str(state.layout.lock), release="r", **state.lock_reads) as lock:
+            state.lock = lock
+            state.defer(L.Entry.status("r", L.HEALTHY))
+            assert planning.prune_and_unlock(state.io, state, lock, ids, note=notes.append) == [ids[1]]
+            assert list(Path(holders_dir(str(state.layout.lock))).iterdir()) == []
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    assert len(notes) == 1 and f"could not prune {ids[0]}" in notes[0] and "stuck" in notes[0], notes
+    assert (base / "releases" / ids[0]).is_dir() and not (base / "releases" / ids[1]).exists()
+    assert state.ledger().releases() == {"r": L.HEALTHY, ids[1]: L.PRUNED}
