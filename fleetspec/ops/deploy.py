@@ -221,15 +221,16 @@ class Deploy:
         return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
 
     def _stage(self) -> dict:
-        self.release, sent = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous,
-                                             mode=self.req.mode, reuse=self.req.release_id is not None)
+        run, then = smoke_run.prepare(self.pf, self.state, self.release_id, bool(self.pf.patchset and self.pf.patchset.files))
+        staged = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous, mode=self.req.mode,
+                                 reuse=self.req.release_id is not None, then=then,
+                                 ledger=L.parse(self.lock.read_text or ""))    # read under the lock
+        self.release, self.smoke_run = staged.release, run     # the runner started in the same command
         self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line
-        try:
-            self.smoke_run = smoke_run.start(self.t, self.pf, self.state, self.release)
-        except FleetspecError as err:      # the smoke step reports it, where the verdict would be
-            self.smoke_error = err
-        return {"files": len(self.release.files), "kernels": len(self.release.kernels), "sent_bytes": sent or 0,
-                **({"prestaged": True} if sent is None else {})}
+        if staged.smoke_error:              # the smoke step reports it, where the verdict would be
+            self.smoke_error = FleetspecError(staged.smoke_error)
+        return {"files": len(self.release.files), "kernels": len(self.release.kernels),
+                "sent_bytes": staged.sent or 0, **({"prestaged": True} if staged.sent is None else {})}
 
     def _smoke(self) -> dict:
         """The verdict of the smoke runner `stage` started (it ran while render and measure did)."""

@@ -39,13 +39,13 @@ def prestage(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] =
         began = time.monotonic()
         state.record(L.Entry.step(rid, "stage", L.StepState.STARTED, prestage=True))
         try:
-            release, sent = staging.stage(t, pf, state, rid, state.current(), mode=req.mode)
+            staged = staging.stage(t, pf, state, rid, state.current(), mode=req.mode)
         except FleetspecError as err:
             state.defer(L.Entry.step(rid, "stage", L.StepState.FAILED, reason=str(err)))
             state.record(L.Entry.status(rid, L.FAILED, step="stage", reason="prestage failed; host unchanged"))
             raise
         state.defer(L.Entry.step(rid, "stage", L.StepState.OK, seconds=round(time.monotonic() - began, 3),
-                                 prestage=True, files=len(release.files), sent_bytes=sent or 0))
+                                 prestage=True, files=len(staged.release.files), sent_bytes=staged.sent or 0))
         state.record(L.Entry.status(rid, L.STAGED))
-    echo(f"[{host.name}] prestaged {rid} ({sent or 0} bytes sent)")
+    echo(f"[{host.name}] prestaged {rid} ({staged.sent or 0} bytes sent)")
     return rid

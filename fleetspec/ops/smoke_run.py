@@ -1,6 +1,6 @@
 """Run a staged release's offline smoke tests in the host's python, before anything switches:
-in the foreground (`smoke`) or started in the background right after staging (`start`) and read
-just before the switch (`finish`)."""
+in the foreground (`smoke`) or started in the background by the stage command (`prepare`) and
+read just before the switch (`finish`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model.release import Release
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote import background, files
+from fleetspec.remote import background, files, stage_host
 from fleetspec.remote.api import TransportLike
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def smoke_nice() -> int:
 
 @dataclass
 class SmokeRun:
-    """A smoke runner started in the background on the host (`start`), read by `finish`."""
+    """A smoke runner started in the background on the host (`prepare`), read by `finish`."""
     folder: str
     python: str
     scripts: list = field(default_factory=list)   # (name, script, parser)
@@ -90,21 +90,23 @@ def run_folder(state: HostState, release_id: str) -> str:
     return str(state.layout.release(release_id) / "smoke")
 
 
-def start(t: TransportLike, pf: Preflight, state: HostState, release: Release) -> SmokeRun:
-    """Start the offline smoke tests detached, with the release on the path, and return at once:
-    the deploy renders and measures while they run, and reads the verdict before the switch."""
-    rel = state.layout.release(release.id)
-    run = SmokeRun(run_folder(state, release.id), pf.python, pf.smoke_scripts(kernels_dir=str(rel / "kernels")))
-    if run.scripts:
-        env = {"PYTHONPATH": str(rel / "overlay")} if release.files else {}
-        command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
-        background.start(t, run.folder, command, stdin=_payload([(n, s) for n, s, _ in run.scripts]),
-                         timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
-    return run
+def prepare(pf: Preflight, state: HostState, release_id: str, patched: bool) -> tuple[SmokeRun, stage_host.Then | None]:
+    """The smoke runner for a release and how to start it detached (None: no scripts), with the
+    release's overlay on the path when it is `patched`. The stage command starts it once the
+    release is published (staging.stage's `then`), so the deploy renders and measures while it
+    runs and reads the verdict (`finish`) before the switch."""
+    rel = state.layout.release(release_id)
+    run = SmokeRun(run_folder(state, release_id), pf.python, pf.smoke_scripts(kernels_dir=str(rel / "kernels")))
+    if not run.scripts:
+        return run, None
+    env = {"PYTHONPATH": str(rel / "overlay")} if patched else {}
+    command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
+    script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
+    return run, stage_host.Then(run.folder, script, _payload([(n, s) for n, s, _ in run.scripts]).decode())
 
 
 def finish(t: TransportLike, run: SmokeRun) -> dict:
-    """Wait for the runner started by `start` and read each script's verdict with its own parser."""
+    """Wait for the runner the stage command started and read each script's verdict with its own parser."""
     if not run.scripts:
         return {"smoke": {}}
     v = background.wait(t, run.folder, timeout=SMOKE_TIMEOUT_S + 60)
@@ -118,7 +120,7 @@ def stop(t: TransportLike, state: HostState, release_id: str) -> bool:
 
 def smoke(t: TransportLike, pf: Preflight, state: HostState, release: Release) -> dict:
     """Run the offline smoke tests in the host's python with the release on its path, in the
-    foreground (one command): `start` then `finish` is the same, split around other work."""
+    foreground (one command): `prepare`'s start then `finish` is the same, split around other work."""
     overlay = str(state.layout.release(release.id) / "overlay")
     kernels = str(state.layout.release(release.id) / "kernels")
     scripts = pf.smoke_scripts(kernels_dir=kernels)

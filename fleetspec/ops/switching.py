@@ -37,11 +37,11 @@ from fleetspec.ops.rendering import (
                                       rollback_script,
 )
 from fleetspec.ops.smoke_run import _SMOKE_RUNNER, kernel_path, run_smoke_scripts, smoke
-from fleetspec.ops.staging import SECRETS_FILE, _py_compile, env_file_text, stage, upload_objects
+from fleetspec.ops.staging import SECRETS_FILE, env_file_text, stage
 from fleetspec.remote.release_files import in_place_apply, in_place_undo
 
-__all__ = ["SECRETS_FILE", "Plan", "_SMOKE_RUNNER", "_env", "_py_compile", "activate",
+__all__ = ["SECRETS_FILE", "Plan", "_SMOKE_RUNNER", "_env", "activate",
            "deactivate", "dropin_text", "env_file_text", "exec_start_mismatch", "expected_algorithm", "in_place_apply",
            "in_place_undo", "journal_tail", "kernel_path", "leave", "lint_unit", "loaded_exec_start_mismatch", "plan",
            "prune", "release_dropin_candidates", "render_release", "restart", "restore_baseline_files", "revert_to",
-           "rollback_script", "run_smoke_scripts", "smoke", "stage", "upload_objects"]
+           "rollback_script", "run_smoke_scripts", "smoke", "stage"]

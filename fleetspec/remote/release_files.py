@@ -1,6 +1,6 @@
 """The shell that lays out, switches and reverts a release on a host (see ops/switching.py for when).
 
-Release folders are built from the content-addressed store; in-place mode backs up and replaces
+Release folders are built from the content-addressed store by remote/stage_host.py; in-place mode backs up and replaces
 live files one by one, each copy hash-checked; switching renames fleetspec's drop-in into place,
 flips `current` and reloads systemd in one round trip. Every word passes through shlex.quote.
 """
@@ -18,23 +18,6 @@ from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.systemd import DAEMON_RELOAD
 
 q = shlex.quote
-
-
-def copy_from_store(t: TransportLike, tmp: str, store: str, patch: dict[str, str], kernels: dict[str, str],
-                    then: str | None = None) -> None:
-    """A fresh `tmp` with patch/, kernels/ and unit/, the files copied from the object store
-    (`patch`: package path -> sha256; `kernels`: file name -> sha256); `then`: a script run in the
-    same command once the copies are made (the overlay script, which checks each file's sha256)."""
-    lines = [f"rm -rf {q(tmp)}", f"mkdir -p {q(tmp)}/patch {q(tmp)}/kernels {q(tmp)}/unit"]
-    for path, digest in sorted(patch.items()):
-        dest = f"{tmp}/patch/{path}"
-        lines.append(f"mkdir -p {q(str(PurePosixPath(dest).parent))} && cp {q(store + '/' + digest)} {q(dest)}")
-    for name, digest in sorted(kernels.items()):
-        lines.append(f"cp {q(store + '/' + digest)} {q(tmp + '/kernels/' + name)}")
-    script = " && ".join(lines)
-    if then:
-        script = f"{{ {script}; }} || exit 1\n" + then
-    t.run_script(script, timeout=300, check=True)
 
 
 def in_place_apply(release: Release, rdir: str) -> str:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from fleetspec.errors import RemoteError
-from fleetspec.remote import files, release_files
+from fleetspec.remote import files
 
 
 def test_sha256_map_lists_existing_files_only(t, tmp_path):
@@ -62,10 +62,10 @@ def test_publish_tree_rm_tree_and_store(t, tmp_path):
     (store / digest).write_bytes(b"payload")
     assert files.missing_from_store(t, str(store), [digest, "b" * 64]) == ["b" * 64]
     tmp, final = str(tmp_path / "rel.tmp"), str(tmp_path / "rel")
-    release_files.copy_from_store(t, tmp, str(store), {"pkg/mod.py": digest}, {"k.so": digest})
+    os.makedirs(f"{tmp}/patch/pkg")
+    (store / digest).rename(f"{tmp}/patch/pkg/mod.py")
     files.publish_tree(t, tmp, final)
-    assert (tmp_path / "rel" / "patch" / "pkg" / "mod.py").read_bytes() == b"payload"
-    assert (tmp_path / "rel" / "kernels" / "k.so").read_bytes() == b"payload" and not os.path.exists(tmp)
+    assert (tmp_path / "rel" / "patch" / "pkg" / "mod.py").read_bytes() == b"payload" and not os.path.exists(tmp)
     files.rm_tree(t, final)
     assert not os.path.exists(final)
 

@@ -15,6 +15,7 @@ the machine's /var/lib/fleetspec. The only files put in /tmp have names no other
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from fleetspec.model.release import Release
 from fleetspec.ops import switching
 from fleetspec.ops.hoststate import HostState, append_private, write_private
 from fleetspec.ops.smoke import _EMIT
-from fleetspec.remote import files
+from fleetspec.remote import files, stage_host
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import torch as torch_fact
 from fleetspec.remote.transport import Transport
@@ -103,16 +104,24 @@ def test_the_smoke_runner_imports_nothing_from_its_start_folder_or_tmp(t, plante
     assert mode(planted.rundir) == 0o700
 
 
-def test_py_compile_on_the_host_imports_nothing_from_its_start_folder(t, planted, tmp_path):
-    good = tmp_path / "ok.py"
-    good.write_text("x = 1\n")
-    pf = SimpleNamespace(python=sys.executable, layout=HostLayout(SERVICE, planted.root))
-    switching._py_compile(t, pf, [str(good)])
-    assert not planted.marker.exists()
-    bad = tmp_path / "bad.py"
-    bad.write_text("def (\n")
+def test_the_stage_program_and_its_py_compile_import_nothing_from_their_start_folder(t, planted, tmp_path):
+    """The stage command's python (remote/stage_host.py) imports json first and py_compile for the
+    patched modules: neither planted copy runs, and a module that does not compile still fails."""
+    good = b"x = 1\n"
+    digest = hashlib.sha256(good).hexdigest()
+    plan = stage_host.Plan(store=str(planted.root / "objects"), final=str(planted.root / "r1"),
+                           blobs={digest: good}, patch={"pkg/ok.py": digest}, compile=["patch/pkg/ok.py"],
+                           manifest="{}")
+    stage_host.stage(t, sys.executable, str(planted.rundir), plan, timeout=60)
+    assert not planted.marker.exists() and (planted.root / "r1" / "patch" / "pkg" / "__pycache__").is_dir()
+    assert mode(planted.rundir) == 0o700
+    bad = b"def (\n"
+    plan = stage_host.Plan(store=str(planted.root / "objects"), final=str(planted.root / "r2"),
+                           blobs={hashlib.sha256(bad).hexdigest(): bad}, patch={"pkg/bad.py": hashlib.sha256(bad).hexdigest()},
+                           compile=["patch/pkg/bad.py"], manifest="{}")
     with pytest.raises(FleetspecError, match="py_compile failed"):
-        switching._py_compile(t, pf, [str(bad)])
+        stage_host.stage(t, sys.executable, str(planted.rundir), plan, timeout=60)
+    assert not planted.marker.exists()
 
 
 def test_python_c_keeps_pythonpath_and_falls_back_to_root_when_the_folder_cannot_be_made(t, tmp_path):

@@ -110,33 +110,21 @@ def test_a_deploy_failing_before_the_switch_kills_the_smoke_runner_it_started(t,
     assert names[-1] == ("render", "failed") and ("smoke", "started") not in names
 
 
-def test_a_prestaged_release_is_used_only_while_ledger_manifest_and_secrets_still_match(t, tmp_path):
-    """What `deploy --prestage` relies on: a staged folder whose manifest or secrets differ from
-    what the deploy would write now, or that another deploy has abandoned, is staged again."""
-    from dataclasses import replace
-
-    from fleetspec.model.release import Release
-    from fleetspec.ops.staging import SECRETS_FILE, env_file_text, prestaged_as_planned
+def test_a_prestaged_release_is_taken_only_while_the_ledger_still_calls_it_staged(t, tmp_path):
+    """What `deploy --prestage` relies on, the ledger half (the stage command compares the manifest
+    and secrets itself, tests/unit/test_stage_host.py): a release no ledger line calls "staged", or
+    that another deploy has abandoned since, is staged again; the deploy passes the ledger its
+    lock's holder read, else it is read here."""
+    from fleetspec.ops.staging import still_staged
 
     state = _state(t, tmp_path)
     rid = new_release_id("ddtree")
-    planned = Release(id=rid, host="h", service="svc.service", algo="ddtree", mode="release",
-                      sglang_version="0.5.23", argv=["/venv/bin/python", "-m", "sglang.launch_server"],
-                      previous="baseline", files={"sglang/x.py": "ab" * 32})
-    folder = tmp_path / "state" / "svc" / "releases" / rid
-    (folder / "secrets").mkdir(parents=True)
-    (folder / "manifest.json").write_text(planned.to_json())
-    secrets = {"SGLANG_API_KEY": "k$1"}
-    assert not prestaged_as_planned(t, state, planned, {})        # no ledger line: not ours to take
+    assert not still_staged(state, rid)                  # no ledger line: not ours to take
     state.record(L.Entry.status(rid, L.STAGED))
-    assert prestaged_as_planned(t, state, planned, {})
-    assert not prestaged_as_planned(t, state, replace(planned, argv=[*planned.argv, "--x"]), {})
-    assert not prestaged_as_planned(t, state, planned, secrets)    # the key was set since
-    (folder / SECRETS_FILE).write_text(env_file_text(secrets))
-    assert prestaged_as_planned(t, state, planned, secrets)
-    assert not prestaged_as_planned(t, state, planned, {"SGLANG_API_KEY": "rotated"})
+    assert still_staged(state, rid) and still_staged(state, rid, state.ledger())
+    assert not still_staged(state, rid, L.parse(""))     # the ledger as read under the lock wins
     state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
-    assert not prestaged_as_planned(t, state, planned, secrets)   # another deploy abandoned it
+    assert not still_staged(state, rid)                  # another deploy abandoned it
 
 
 @pytest.mark.parametrize("raw", ["-1", "20", "ten", ""])

@@ -1,0 +1,283 @@
+"""The stage step as one SSH command: one program in the host's python builds a release aside,
+publishes it, and starts its smoke runner (issue 17, one round trip per step).
+
+Its stdin carries what must never be in a command line (`/proc/*/cmdline` is world-readable on
+the host): a length-prefixed JSON header with the manifest, the secrets file and the smoke
+runner's input. The program answers one line naming the objects its store lacks, and the client
+writes exactly those blobs, in that order, on the same stdin; when the store has them all the
+program goes on without waiting for the client. Then, in the host's python, started as
+files.python_c starts it (root-only folder, PYTHONSAFEPATH): copies from the store into
+`<final>.fleetspec-tmp`, the overlay script (its own sha256 check), py_compile, secrets/env (0600
+in 0700) and manifest.json, one syncfs, the rename over `<final>` and an fsync of its folder;
+only then the smoke runner (background.start_script). Any failure removes the temp folder and
+exits 1 with one line on stderr: no half release ever has the final name, and no runner starts.
+With `reuse`, a folder already at `<final>` whose manifest.json and secrets/env are byte for byte
+the header's (a release --prestage staged) is used as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import time
+from dataclasses import dataclass, field
+from typing import cast
+
+from fleetspec.errors import RemoteError
+from fleetspec.remote import files
+from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
+from fleetspec.remote.ssh_lib import paramiko
+
+NEED = "FLEETSPEC-STAGE-NEED"
+DONE = "FLEETSPEC-STAGE-DONE "
+FAILED = "FLEETSPEC-STAGE-FAILED "
+
+PROGRAM = r'''
+import hashlib, json, os, shutil, subprocess, sys
+inp = sys.stdin.buffer
+class Failed(Exception):
+    pass
+def say(line):
+    sys.stdout.write(line + "\n"); sys.stdout.flush()
+def last(b):
+    lines = b.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else ""
+def take(n, what):
+    data = inp.read(n)
+    if len(data) != n:
+        raise Failed("stdin ended after %d of %d bytes of %s" % (len(data), n, what))
+    return data
+def write(path, data, mode):
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode), "wb") as f:
+        os.fchmod(f.fileno(), mode); f.write(data)
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+def receive(store, digest, size):
+    h, tmp, left = hashlib.sha256(), os.path.join(store, digest + ".fleetspec-tmp"), size
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as f:
+        while left:
+            chunk = take(min(left, 1 << 20), "object " + digest)
+            h.update(chunk); f.write(chunk); left -= len(chunk)
+    if h.hexdigest() != digest:
+        os.unlink(tmp)
+        raise Failed("object %s arrived with sha256 %s" % (digest, h.hexdigest()))
+    os.rename(tmp, os.path.join(store, digest))
+def same(h):
+    secrets = None if h["secrets"] is None else h["secrets"].encode()
+    return (read(os.path.join(h["final"], "manifest.json")) == h["manifest"].encode()
+            and read(os.path.join(h["final"], "secrets", "env")) == secrets)
+def build(h, tmp):
+    shutil.rmtree(tmp, ignore_errors=True)
+    for sub in ("patch", "kernels", "unit"):
+        os.makedirs(os.path.join(tmp, sub))
+    for rel, digest in sorted(h["patch"].items()):
+        dest = os.path.join(tmp, "patch", rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(os.path.join(h["store"], digest), dest)
+    for name, digest in sorted(h["kernels"].items()):
+        shutil.copyfile(os.path.join(h["store"], digest), os.path.join(tmp, "kernels", name))
+    if h["overlay"]:
+        r = subprocess.run(["sh", "-c", h["overlay"]], stdin=subprocess.DEVNULL, capture_output=True)
+        if r.returncode:
+            raise Failed("building the overlay exited %d: %s" % (r.returncode, last(r.stderr + r.stdout)))
+    if h["compile"]:
+        import py_compile
+        for rel in h["compile"]:
+            try:
+                py_compile.compile(os.path.join(tmp, rel), dfile=os.path.join(h["final"], rel), doraise=True)
+            except py_compile.PyCompileError as err:
+                raise Failed("py_compile failed on the host: " + " ".join(str(err).split())[-300:])
+    if h["secrets"] is not None:
+        os.mkdir(os.path.join(tmp, "secrets"), 0o700)
+        os.chmod(os.path.join(tmp, "secrets"), 0o700)
+        write(os.path.join(tmp, "secrets", "env"), h["secrets"].encode(), 0o600)
+    write(os.path.join(tmp, "manifest.json"), h["manifest"].encode(), 0o644)
+def publish(tmp, final):
+    r = subprocess.run(["sync", "-f", "--", tmp], stdin=subprocess.DEVNULL, capture_output=True)
+    if r.returncode:
+        raise Failed("sync -f exited %d: %s" % (r.returncode, last(r.stderr)))
+    if os.path.lexists(final):
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fd = os.open(os.path.dirname(final), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+def start(then):
+    try:
+        r = subprocess.run(["sh", "-c", then["script"]], input=then["stdin"].encode(), capture_output=True,
+                           timeout=60)
+    except subprocess.TimeoutExpired:
+        return "could not start a background process in %s: no answer in 60 s" % then["folder"]
+    if r.returncode:
+        return "could not start a background process in %s: %s" % (then["folder"], last(r.stderr) or
+                                                                     "exit %d" % r.returncode)
+    return None
+def main():
+    h = json.loads(take(int(inp.readline() or b"0"), "the header"))
+    tmp = h["final"] + ".fleetspec-tmp"
+    os.makedirs(h["store"], exist_ok=True)
+    reused = bool(h["reuse"]) and same(h)
+    need = [] if reused else [d for d in sorted(h["objects"]) if not os.path.exists(os.path.join(h["store"], d))]
+    say("FLEETSPEC-STAGE-NEED" + "".join(" " + d for d in need))
+    try:
+        for digest in need:
+            receive(h["store"], digest, h["objects"][digest])
+        if not reused:
+            build(h, tmp)
+            publish(tmp, h["final"])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    smoke = start(h["then"]) if h["then"] else None
+    say("FLEETSPEC-STAGE-DONE " + json.dumps({"reused": reused, "smoke_error": smoke}))
+try:
+    main()
+except (Failed, OSError, ValueError, KeyError) as err:
+    sys.stderr.write("FLEETSPEC-STAGE-FAILED " + " ".join(str(err).split())[:400] + "\n")
+    sys.exit(1)
+'''
+
+
+@dataclass
+class Then:
+    """A detached process to start once the release is published (background.start_script)."""
+    folder: str
+    script: str
+    stdin: str
+
+
+@dataclass
+class Plan:
+    store: str                    # the content-addressed object store
+    final: str                    # releases/<id>
+    blobs: dict[str, bytes]       # sha256 -> bytes: every object the release uses
+    patch: dict[str, str] = field(default_factory=dict)      # package path -> sha256 (patch/<path>)
+    kernels: dict[str, str] = field(default_factory=dict)    # file name -> sha256 (kernels/<name>)
+    overlay: str | None = None    # overlay.overlay_script, run after the copies
+    compile: list[str] = field(default_factory=list)         # release-relative .py paths to py_compile
+    manifest: str = ""
+    secrets: str | None = None    # secrets/env's text; None: no secrets folder
+    reuse: bool = False
+    then: Then | None = None
+
+    def header(self) -> bytes:
+        data = {"store": self.store, "final": self.final, "objects": {d: len(b) for d, b in self.blobs.items()},
+                "patch": self.patch, "kernels": self.kernels, "overlay": self.overlay, "compile": self.compile,
+                "manifest": self.manifest, "secrets": self.secrets, "reuse": self.reuse,
+                "then": self.then.__dict__ if self.then else None}
+        body = json.dumps(data).encode()
+        return b"%d\n" % len(body) + body
+
+
+@dataclass
+class Staged:
+    sent: int                     # bytes of objects sent (what the store lacked)
+    reused: bool                  # the folder at `final` was used as it is
+    smoke_error: str | None       # the `then` process did not start: why
+
+
+def stage(t: TransportLike, python: str, rundir: str, plan: Plan, timeout: float = 300) -> Staged:
+    """Run PROGRAM on the host in one command, answering its request for missing objects."""
+    script = files.python_c(python, PROGRAM, rundir=rundir)
+    take = getattr(t, "take_prelude", None)     # a deploy's carrier: its deferred ledger lines ride here
+    prelude = take() if take is not None else None
+    chan = cast(CarryingTransport, t).open_exec(script, prelude=prelude)
+    ex = _Exchange(chan, time.monotonic() + timeout, t.name)
+    sent = 0
+    try:
+        ex.send(plan.header())
+        need = ex.need()
+        for digest in need or []:
+            if digest not in plan.blobs:
+                raise RemoteError(f"{t.name}: staging {plan.final}: the host asked for an unknown object {digest[:80]}")
+            ex.send(plan.blobs[digest])
+            sent += len(plan.blobs[digest])
+        ex.shutdown_write()
+        rc = ex.finish()
+    finally:
+        chan.close()
+    result = CommandResult(f"stage {plan.final}", rc, ex.out.decode("utf-8", "replace"),
+                           ex.err.decode("utf-8", "replace"))
+    if prelude is not None:
+        result = prelude.settle(result)     # raises when the ledger lines could not be written
+    return _parse(t.name, plan.final, result, ex.lost, sent)
+
+
+def _parse(host: str, final: str, r: CommandResult, lost: str | None, sent: int) -> Staged:
+    done = [ln for ln in r.stdout.splitlines() if ln.startswith(DONE)]
+    if r.rc != 0 or not done:
+        said = [ln[len(FAILED):] for ln in r.stderr.splitlines() if ln.startswith(FAILED)]
+        detail = (said or r.stderr.strip().splitlines()[-1:] or [lost or f"exit {r.rc}"])[-1]
+        raise RemoteError(f"{host}: staging {final} failed (exit {r.rc}): {detail[:400]}")
+    verdict = json.loads(done[-1][len(DONE):])
+    return Staged(0 if verdict["reused"] else sent, bool(verdict["reused"]), verdict.get("smoke_error"))
+
+
+_CLOSED = (OSError, EOFError, paramiko.SSHException)
+
+
+class _Exchange:
+    """Both directions of one exec channel: write stdin, read stdout/stderr to the exit status."""
+
+    def __init__(self, chan, deadline: float, host: str):
+        self.chan, self.deadline, self.host = chan, deadline, host
+        self.out, self.err = bytearray(), bytearray()
+        self.lost: str | None = None      # a write failed: the host ended (or the link did)
+
+    def send(self, data: bytes) -> None:
+        if self.lost is not None:
+            return
+        try:
+            self.chan.settimeout(max(1.0, self.deadline - time.monotonic()))
+            self.chan.sendall(data)
+        except _CLOSED as err:
+            self.lost = f"the host stopped reading: {err}"
+
+    def shutdown_write(self) -> None:
+        if self.lost is None:
+            try:
+                self.chan.shutdown_write()
+            except _CLOSED as err:
+                self.lost = f"the host stopped reading: {err}"
+
+    def need(self) -> list[str] | None:
+        """The digests the host asks for; None when it ended without asking (it failed)."""
+        marker = NEED.encode()
+        while True:
+            for line in bytes(self.out).split(b"\n")[:-1]:
+                if line == marker or line.startswith(marker + b" "):
+                    return line.decode().split()[1:]
+            if self._ended():
+                return None
+            self._pump()
+
+    def finish(self) -> int:
+        while not self._ended():
+            self._pump()
+        return self.chan.recv_exit_status()
+
+    def _ended(self) -> bool:
+        c = self.chan
+        return c.exit_status_ready() and (c.eof_received or c.closed) and not c.recv_ready() \
+            and not c.recv_stderr_ready()
+
+    def _pump(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RemoteError(f"{self.host}: staging timed out")
+        try:
+            select.select([self.chan], [], [], min(left, 0.25))
+            while self.chan.recv_ready():
+                self.out += self.chan.recv(65536)
+            while self.chan.recv_stderr_ready():
+                self.err += self.chan.recv_stderr(65536)
+        except _CLOSED as err:
+            raise RemoteError(f"{self.host}: connection lost during staging: {err}") from None
+        if self.chan.closed and not self.chan.exit_status_ready():
+            raise RemoteError(f"{self.host}: connection lost during staging")

@@ -1,0 +1,168 @@
+"""The stage step's one command (remote/stage_host.py) against a real sshd, real shells and a real
+python: only the objects the store lacks travel, on the command's own stdin; the release appears
+whole under its final name or not at all; the smoke runner starts only on a published release;
+secrets never reach a command line; a prestaged folder is reused only when it is byte for byte
+what this stage would write."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+from pathlib import PurePosixPath
+from types import SimpleNamespace
+
+import pytest
+
+from fleetspec.errors import RemoteError
+from fleetspec.model import ledger as L
+from fleetspec.model.layout import HostLayout
+from fleetspec.ops.hoststate import HostState
+from fleetspec.remote import background, files, stage_host
+from fleetspec.remote.overlay import overlay_script
+
+MOD = b"VALUE = 2\n"
+KERNEL = b"\x7fELF not really" * 1000
+SECRET = "s3cr3t-value-that-must-not-leak"
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def site(tmp_path):
+    """An installed package `pkg` whose mod.py the patch set replaces."""
+    pkg = tmp_path / "site" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 1\n")
+    (pkg / "other.py").write_text("OTHER = 1\n")
+    return tmp_path / "site"
+
+
+def _plan(tmp_path, site, *, name="r1", mod=MOD, then=None, reuse=False, manifest='{"id": "r1"}\n', secrets=f'K="{SECRET}"\n'):
+    final = str(tmp_path / "state" / "releases" / name)
+    tmp = final + files.TMP_SUFFIX
+    patchset = SimpleNamespace(package="pkg", files=[SimpleNamespace(path="pkg/mod.py", sha256=sha(MOD))])
+    return stage_host.Plan(
+        store=str(tmp_path / "state" / "objects"), final=final, blobs={sha(mod): mod, sha(KERNEL): KERNEL},
+        patch={"pkg/mod.py": sha(mod)}, kernels={"k.so": sha(KERNEL)},
+        overlay=overlay_script(str(site), f"{tmp}/patch", f"{tmp}/overlay", patchset),
+        compile=["overlay/pkg/mod.py"], manifest=manifest, secrets=secrets, reuse=reuse, then=then)
+
+
+def _then(folder: str, rundir: str) -> stage_host.Then:
+    code = "import sys; print(sys.stdin.read().upper())"
+    return stage_host.Then(folder, background.start_script(folder, files.python_c(sys.executable, code, rundir=rundir),
+                                                           timeout_s=60), "smoke input")
+
+
+def _stage(t, tmp_path, plan):
+    return stage_host.stage(t, sys.executable, str(tmp_path / "run"), plan, timeout=120)
+
+
+def test_a_host_lacking_one_object_gets_only_that_one_in_the_same_command(t, tmp_path, site, seen):
+    store = tmp_path / "state" / "objects"
+    store.mkdir(parents=True)
+    (store / sha(KERNEL)).write_bytes(KERNEL)              # the kernel is there, the patched module is not
+    folder = str(tmp_path / "state" / "releases" / "r1" / "smoke")
+    staged = _stage(t, tmp_path, _plan(tmp_path, site, then=_then(folder, str(tmp_path / "run"))))
+    assert (staged.sent, staged.reused, staged.smoke_error) == (len(MOD), False, None)
+    assert len(seen) == 1 and not any(w.startswith(("put ", "get ")) for w in seen), seen
+    assert (store / sha(MOD)).read_bytes() == MOD
+    rel = tmp_path / "state" / "releases" / "r1"
+    assert (rel / "patch" / "pkg" / "mod.py").read_bytes() == MOD and (rel / "kernels" / "k.so").read_bytes() == KERNEL
+    assert (rel / "overlay" / "pkg" / "mod.py").read_bytes() == MOD and (rel / "unit").is_dir()
+    assert os.path.islink(rel / "overlay" / "pkg" / "other.py")
+    assert list((rel / "overlay" / "pkg" / "__pycache__").glob("mod.*.pyc")), "py_compile wrote no bytecode"
+    assert (rel / "manifest.json").read_text() == '{"id": "r1"}\n' and mode(rel / "manifest.json") == 0o644
+    assert mode(rel / "secrets") == 0o700 and mode(rel / "secrets" / "env") == 0o600
+    assert (rel / "secrets" / "env").read_text() == f'K="{SECRET}"\n'
+    assert not os.path.exists(str(rel) + files.TMP_SUFFIX)
+    assert SECRET not in "".join(seen), "a secret was on a command line"
+    v = background.wait(t, folder, timeout=30)               # the runner started on the published release
+    assert (v.rc, v.stdout.strip()) == (0, "SMOKE INPUT")
+
+
+def test_a_store_that_has_every_object_gets_nothing_and_no_transfer(t, tmp_path, site, seen):
+    _stage(t, tmp_path, _plan(tmp_path, site))
+    seen.clear()
+    staged = _stage(t, tmp_path, _plan(tmp_path, site, name="r2"))
+    assert (staged.sent, staged.reused) == (0, False) and len(seen) == 1, seen
+    assert (tmp_path / "state" / "releases" / "r2" / "overlay" / "pkg" / "mod.py").read_bytes() == MOD
+
+
+def test_a_failed_check_leaves_no_release_and_starts_no_runner(t, tmp_path, site):
+    """The store's copy does not hash as the patch set says (the overlay script's check): nothing
+    under the final name, no temp folder left, and the runner never started."""
+    folder = tmp_path / "state" / "releases" / "r1" / "smoke"
+    plan = _plan(tmp_path, site, mod=b"VALUE = 666\n", then=_then(str(folder), str(tmp_path / "run")))
+    with pytest.raises(RemoteError, match=r"staging .*r1 failed \(exit 1\): building the overlay exited 1"):
+        _stage(t, tmp_path, plan)
+    rel = tmp_path / "state" / "releases" / "r1"
+    assert not rel.exists() and not os.path.exists(str(rel) + files.TMP_SUFFIX)
+
+
+def test_a_module_that_does_not_compile_fails_the_stage(t, tmp_path, site):
+    bad = b"def (\n"
+    plan = _plan(tmp_path, site, mod=bad)
+    plan.overlay = None                   # no hash check: py_compile is what refuses it
+    plan.compile = ["patch/pkg/mod.py"]
+    with pytest.raises(RemoteError, match="py_compile failed on the host"):
+        _stage(t, tmp_path, plan)
+    assert not (tmp_path / "state" / "releases" / "r1").exists()
+
+
+def test_an_object_that_arrives_corrupted_is_refused(t, tmp_path, site):
+    plan = _plan(tmp_path, site)
+    plan.blobs[sha(MOD)] = b"VALUE = 3\n"        # what travels is not what its name says
+    with pytest.raises(RemoteError, match="arrived with sha256"):
+        _stage(t, tmp_path, plan)
+    assert not (tmp_path / "state" / "objects" / sha(MOD)).exists()
+    assert not (tmp_path / "state" / "releases" / "r1").exists()
+
+
+def test_a_prestaged_folder_is_reused_only_while_manifest_and_secrets_match(t, tmp_path, site):
+    _stage(t, tmp_path, _plan(tmp_path, site))
+    rel = tmp_path / "state" / "releases" / "r1"
+    (rel / "marker").write_text("from the prestage")
+    folder = str(rel / "smoke")
+    staged = _stage(t, tmp_path, _plan(tmp_path, site, reuse=True, then=_then(folder, str(tmp_path / "run"))))
+    assert (staged.sent, staged.reused, staged.smoke_error) == (0, True, None)
+    assert (rel / "marker").exists()                       # used as it is
+    assert background.wait(t, folder, timeout=30).rc == 0
+    for changed in (dict(secrets='K="rotated"\n'), dict(secrets=None), dict(manifest='{"id": "r1", "x": 1}\n')):
+        staged = _stage(t, tmp_path, _plan(tmp_path, site, reuse=True, **changed))
+        assert not staged.reused and not (rel / "marker").exists(), changed    # staged afresh, same id
+        (rel / "marker").write_text("again")
+    assert (rel / "manifest.json").read_text() == '{"id": "r1", "x": 1}\n'
+
+
+def test_a_smoke_start_that_fails_is_reported_and_the_release_stays_published(t, tmp_path, site):
+    then = stage_host.Then("/nonexistent/smoke", "echo no room >&2; exit 7", "")
+    staged = _stage(t, tmp_path, _plan(tmp_path, site, then=then))
+    assert staged.smoke_error and "no room" in staged.smoke_error
+    assert (tmp_path / "state" / "releases" / "r1" / "manifest.json").exists()
+
+
+def test_the_ledger_lines_ride_in_the_stage_command(t, tmp_path, site, seen):
+    """Through a deploy's carrier the deferred lines are written before the stage's work, in the
+    same command; a broken ledger (its folder a file) stops the stage before it starts."""
+    state = HostState(t, "h", "svc.service")
+    state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
+    state.defer(L.Entry.step("r1", "stage", L.StepState.STARTED))
+    _stage(state.carrier(), tmp_path, _plan(tmp_path, site))
+    assert len(seen) == 1 and [e.name for e in state.ledger().entries] == ["stage"]
+    base = tmp_path / "state" / "svc"
+    os.rename(base, tmp_path / "moved")
+    base.write_text("not a folder")
+    state.defer(L.Entry.step("r2", "stage", L.StepState.STARTED))
+    with pytest.raises(RemoteError, match="appending to"):
+        _stage(state.carrier(), tmp_path, _plan(tmp_path, site, name="r2"))
+    assert not (tmp_path / "state" / "releases" / "r2").exists()
