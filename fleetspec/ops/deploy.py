@@ -285,13 +285,17 @@ class Deploy:
         return {}
 
     def _restart(self) -> dict:
-        self.restarted = switching.restart(self.t, self.service)
+        """The readiness watch's own command restarts the unit (probes.restart_watched): this
+        step's "started" line rides in its prelude, durable before the restart; `probes` reads on."""
+        self.watch, self.restarted = probes.restart_watched(self.t, self.service,
+                                                            self.pf.probe_spec(self.pf.playbook_algorithm))
         return {"n_restarts_before": self.restarted.n_restarts}
 
     def _probes(self) -> dict:
         spec = self.pf.probe_spec(self.pf.playbook_algorithm)
         began = time.monotonic()
-        result = probes.wait_healthy(self.t, self.service, spec, since=self.restarted,
+        stream, self.watch = self.watch, None
+        result = probes.wait_healthy(self.t, self.service, spec, since=self.restarted, stream=stream,
                                      progress=self._progress)
         self.engine_wait += time.monotonic() - began
         self._progress(None)
