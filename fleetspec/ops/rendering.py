@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from fleetspec import render
 from fleetspec.errors import FleetspecError
+from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import DROPIN_NAME, LEGACY_DROPIN_NAMES, HostState, dropin_path, legacy_dropin_paths
 from fleetspec.ops.staging import SECRETS_FILE, sha
@@ -89,8 +90,6 @@ def render_release(t: TransportLike, pf: Preflight, state: HostState, release: R
 def _rendered_sha(state: HostState, release_id: str) -> str:
     """The drop-in sha256 that `release_id`'s render step recorded, from the ledger the lock's
     holder read under the lock ("" when not there)."""
-    from fleetspec.model import ledger as L
-
     text = state.lock.read_text if state.lock is not None else None
     for e in reversed(L.parse(text or "").entries):
         if e.kind == "step" and e.name == "render" and e.release == release_id and e.state == L.StepState.OK:

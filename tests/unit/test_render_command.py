@@ -98,3 +98,18 @@ def test_a_short_stdin_never_lands(t, tmp_path):
     assert r.rc != 0 and not target.exists()
     files.write_file(t, str(target), b"0123456789", 0o640)
     assert target.read_bytes() == b"0123456789" and stat.S_IMODE(os.stat(target).st_mode) == 0o640
+
+
+def test_the_previous_drop_in_hash_comes_from_its_render_line_under_the_lock():
+    from types import SimpleNamespace
+
+    from fleetspec.model import ledger as L
+    from fleetspec.ops.rendering import _rendered_sha
+
+    lines = [L.Entry.step("r1", "render", L.StepState.OK, dropin_sha256="a" * 64),
+             L.Entry.step("r2", "render", L.StepState.OK, dropin_sha256="b" * 64),
+             L.Entry.step("r1", "render", L.StepState.STARTED)]
+    text = "".join(e.to_line() + "\n" for e in lines)
+    state = SimpleNamespace(lock=SimpleNamespace(read_text=text))
+    assert _rendered_sha(state, "r1") == "a" * 64 and _rendered_sha(state, "r3") == ""
+    assert _rendered_sha(SimpleNamespace(lock=None), "r1") == ""
