@@ -97,7 +97,8 @@ def restore_baseline_files(t: TransportLike, baseline: Baseline) -> None:
 
 
 def restart(t: TransportLike, service: str) -> systemd.Restarted:
-    """Restart (one command) and return the state from before, for the readiness wait."""
+    """Restart (one command) and return the state from before, for the readiness wait; a deploy
+    and a revert restart inside the readiness watch instead (probes.restart_watched)."""
     return systemd.restart(t, service)
 
 
@@ -117,8 +118,7 @@ def revert_to(t: TransportLike, state: HostState, host, root: Path, baseline: Ba
         leave(t, state, also)
         activate(t, state, release)
         expected = expected_algorithm(root, release.algo)
-    before = restart(t, state.service)
-    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), since=before,
+    return probes.wait_healthy(t, state.service, probes.spec_for_host(host, expected), restart=True,
                                progress=progress)
 
 

@@ -286,13 +286,14 @@ class Deploy:
         return {}
 
     def _restart(self) -> dict:
-        self.restarted = switching.restart(self.t, self.service)
+        """In the readiness watch's own command (its prelude: this step's "started" line); probes reads on."""
+        self.spec = self.pf.probe_spec(self.pf.playbook_algorithm)
+        self.watch, self.restarted = probes.restart_watched(self.t, self.service, self.spec)
         return {"n_restarts_before": self.restarted.n_restarts}
 
     def _probes(self) -> dict:
-        spec = self.pf.probe_spec(self.pf.playbook_algorithm)
         began = time.monotonic()
-        result = probes.wait_healthy(self.t, self.service, spec, since=self.restarted,
+        result = probes.wait_healthy(self.t, self.service, self.spec, since=self.restarted, stream=self.watch,
                                      progress=self._progress)
         self.engine_wait += time.monotonic() - began
         self._progress(None)

@@ -53,17 +53,38 @@ POLL_CAP_S = 1.0   # the longest pause between looks: a crash or readiness is se
 
 
 def wait_healthy(t, service: str, spec: ProbeSpec, *, since: systemd.Restarted | None = None,
-                 progress: Callable[[str], None] = lambda _: None, clock=time.monotonic) -> ProbeResult:
+                 progress: Callable[[str], None] = lambda _: None, clock=time.monotonic,
+                 stream: systemd.UnitStream | None = None, restart: bool = False) -> ProbeResult:
     """Poll /ready until the service generates with the expected algorithm, its process exits (a
     failure at once: no waiting out a restart loop), or the deadline. The unit's state comes from
     one host-side watch (systemd.UnitStream) read between the polls; where it cannot run or has
-    ended, from one `systemctl show` per look."""
-    take = getattr(t, "take_prelude", None)
-    stream = systemd.UnitStream(t, service, spec.ready_timeout + 5, prelude=take() if take else None)
+    ended, from one `systemctl show` per look. `stream`: one restart_watched opened (closed
+    here); `restart`: open one that restarts the unit first (its state before is `since`)."""
+    if stream is None and restart:
+        stream, since = restart_watched(t, service, spec)
+    elif stream is None:
+        stream = _open(t, service, spec, None)
     try:
         return _wait(t, service, spec, since, progress, clock, stream)
     finally:
         stream.close()
+
+
+def restart_watched(t, service: str, spec: ProbeSpec) -> tuple[systemd.UnitStream, systemd.Restarted]:
+    """One command restarts the unit and watches it come up: it prints the state before (returned
+    once read), restarts, then streams. The deferred ledger lines ride in front as its prelude, so
+    they are durable before the restart."""
+    stream = _open(t, service, spec, systemd.restart_command(service))
+    try:
+        return stream, stream.before()
+    except BaseException:
+        stream.close()
+        raise
+
+
+def _open(t, service: str, spec: ProbeSpec, restart: str | None) -> systemd.UnitStream:
+    take = getattr(t, "take_prelude", None)
+    return systemd.UnitStream(t, service, spec.ready_timeout + 5, prelude=take() if take else None, restart=restart)
 
 
 def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from fleetspec import render
 from fleetspec.errors import FleetspecError
+from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import DROPIN_NAME, LEGACY_DROPIN_NAMES, HostState, dropin_path, legacy_dropin_paths
 from fleetspec.ops.staging import SECRETS_FILE, sha
 from fleetspec.remote import files, systemd
-from fleetspec.remote.api import TransportLike
+from fleetspec.remote.api import CommandResult, TransportLike
 
 if TYPE_CHECKING:
     from fleetspec.ops.preflight import Preflight
@@ -42,7 +43,8 @@ def dropin_text(pf: Preflight, release: Release) -> str:
     )
 
 
-def rollback_script(pf: Preflight, state: HostState, release: Release, previous_dropin: bytes | None) -> str:
+def rollback_script(pf: Preflight, state: HostState, release: Release, previous_sha256: str) -> str:
+    """`previous_sha256`: the drop-in live before the switch ("" when none: back to the baseline)."""
     prev = release.previous
     prev_dir = str(state.layout.release(prev)) if prev != BASELINE else ""
     return _env(pf.root).get_template("rollback.sh.j2").render(
@@ -50,7 +52,7 @@ def rollback_script(pf: Preflight, state: HostState, release: Release, previous_
         state_dir=str(state.layout.base), dropin_path=dropin_path(pf.service),
         legacy_dropin_paths=legacy_dropin_paths(pf.service),
         previous_dropin=release_dropin_candidates(prev_dir) if prev_dir else [],
-        previous_dropin_sha256=sha(previous_dropin) if (prev_dir and previous_dropin) else "",
+        previous_dropin_sha256=previous_sha256 if prev_dir else "",
         previous_current=prev_dir,
         restore_files=[{"backup": f"{state.layout.release(release.id)}/backup/{p}", "path": f"{release.site_packages}/{p}",
                         "sha256": base} for p, base in sorted(release.base_files.items())
@@ -62,29 +64,54 @@ def rollback_script(pf: Preflight, state: HostState, release: Release, previous_
 
 
 def render_release(t: TransportLike, pf: Preflight, state: HostState, release: Release) -> dict:
+    """The drop-in, rollback.sh (and the guard unit) written, fsynced and linted in one command.
+    rollback.sh holds the sha256 of the drop-in live now (the previous release's): taken from
+    that release's render line in the ledger and checked in the same command against the live
+    file; only where they differ (or the ledger has none) is rollback.sh written again."""
     text = dropin_text(pf, release)
     rdir = str(state.layout.release(release.id))
-    prev_dropin = state.dropin_bytes() if release.previous != BASELINE else None
-    # both written, then made durable in one command (nothing uses them before `switch`)
-    t.put_bytes(text.encode(), f"{rdir}/unit/{DROPIN_NAME}", mode=0o644, durable=False)
-    t.put_bytes(rollback_script(pf, state, release, prev_dropin).encode(), f"{rdir}/rollback.sh", mode=0o755,
-                durable=False)
-    files.sync_paths(t, f"{rdir}/unit/{DROPIN_NAME}", f"{rdir}/rollback.sh", f"{rdir}/unit", rdir)
+    live = (state.dropin, *legacy_dropin_paths(state.service)) if release.previous != BASELINE else ()
+    guess = _rendered_sha(state, release.previous) if live else ""
+    rollback = rollback_script(pf, state, release, guess)
+    writes = [(f"{rdir}/unit/{DROPIN_NAME}", text.encode(), 0o644), (f"{rdir}/rollback.sh", rollback.encode(), 0o755)]
     if pf.guard:
         guard = _env(pf.root).get_template("fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
-        t.put_bytes(guard.encode(), "/etc/systemd/system/fleetspec-guard@.service", mode=0o644)
-    lint = lint_unit(t, pf, text)
+        writes.append(("/etc/systemd/system/fleetspec-guard@.service", guard.encode(), 0o644))
+    folders = [f"{rdir}/unit", rdir, *(["/etc/systemd/system"] if pf.guard else [])]
+    done = systemd.write_and_verify(t, writes, folders, str(pf.layout.run), pf.service, pf.unit_bytes,
+                                    DROPIN_NAME, writes[0][0], hash_paths=live)
+    found = next((done.sha256[p] for p in live if p in done.sha256), "")
+    if found != guess:
+        files.write_file(t, f"{rdir}/rollback.sh", rollback_script(pf, state, release, found).encode(), 0o755)
+    lint = lint_verdict(done.verify)
     return {"dropin_sha256": sha(text.encode()), "lint": lint}
+
+
+def _rendered_sha(state: HostState, release_id: str) -> str:
+    """The drop-in sha256 that `release_id`'s render step recorded, from the ledger the lock's
+    holder read under the lock ("" when not there)."""
+    text = state.lock.read_text if state.lock is not None else None
+    for e in reversed(L.parse(text or "").entries):
+        if e.kind == "step" and e.name == "render" and e.release == release_id and e.state == L.StepState.OK:
+            return str(e.detail.get("dropin_sha256") or "")
+    return ""
 
 
 def lint_unit(t: TransportLike, pf: Preflight, dropin: str) -> str:
     """systemd-analyze verify on a scratch copy of the unit with the new drop-in, where present."""
-    r = systemd.analyze_verify(t, str(pf.layout.run), pf.service, pf.unit_bytes, DROPIN_NAME, dropin.encode())
+    return lint_verdict(systemd.analyze_verify(t, str(pf.layout.run), pf.service, pf.unit_bytes, DROPIN_NAME,
+                                               dropin.encode()))
+
+
+def lint_verdict(r: CommandResult | None) -> str:
+    """systemd-analyze verify's verdict on the rendered drop-in (pure): refused when verify failed
+    naming the drop-in, ExecStart or an invalid setting, or when any line names the drop-in (a
+    setting systemd would ignore); None (no systemd-analyze) is skipped."""
     if r is None:
         return "skipped (no systemd-analyze)"
     lines = (r.stderr + r.stdout).splitlines()
     bad = [line for line in lines if DROPIN_NAME in line or "ExecStart" in line or "Invalid" in line]
-    ours = [line for line in lines if DROPIN_NAME in line]   # a setting systemd would ignore
+    ours = [line for line in lines if DROPIN_NAME in line]
     if (r.rc != 0 and bad) or ours:
         raise FleetspecError("systemd-analyze verify refused the rendered unit: " + " | ".join((ours or bad)[:3]))
     return "ok" if r.rc == 0 else "warnings: " + " | ".join((r.stderr + r.stdout).strip().splitlines()[:2])

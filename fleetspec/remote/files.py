@@ -10,6 +10,7 @@ or old file behind a rename that was reported done. All paths pass through shlex
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from pathlib import PurePosixPath
 
@@ -84,6 +85,15 @@ def copy_atomic(src: str, dest: str, sha256: str | None = None) -> str:
     check = f" && printf '%s\\n' {q(sha256 + '  ' + tmp)} | sha256sum -c --quiet" if sha256 else ""
     return (f"cp -p -- {q(src)} {q(tmp)}{check} && {fsync(tmp)} && mv -f -- {q(tmp)} {q(dest)} && "
             f"{fsync(parent(dest))}")
+
+
+def write_from_stdin(path: str, data: bytes, mode: int) -> str:
+    """Write the next len(data) bytes of stdin to `path`: temp file, its sha256 checked (a short or
+    misread stdin never lands), mode, fsync, rename. The caller fsyncs the folder (several at once)."""
+    tmp = path + TMP_SUFFIX
+    digest = hashlib.sha256(data).hexdigest()
+    return (f"head -c {len(data)} > {q(tmp)} && printf '%s\\n' {q(digest + '  ' + tmp)} | sha256sum -c --quiet && "
+            f"chmod {mode:o} -- {q(tmp)} && {fsync(tmp)} && mv -f -- {q(tmp)} {q(path)}")
 
 
 def append_line(path: str, line: str) -> str:
@@ -254,3 +264,9 @@ def run_python_from_root(t: TransportLike, python: str, code: str, timeout_s: in
 def sync_paths(t: TransportLike, *paths: str, timeout: float = 60) -> None:
     """Make several files and folders durable in one command (written with durable=False)."""
     t.run_script(fsync(*paths), timeout=timeout, check=True)
+
+
+def write_file(t: TransportLike, path: str, data: bytes, mode: int) -> None:
+    """One file written from stdin (write_from_stdin) and its folder fsynced, in one command."""
+    t.run_script(f"umask 077 && {write_from_stdin(path, data, mode)} && {fsync(parent(path))}", timeout=60,
+                 check=True, stdin=data)

@@ -18,6 +18,7 @@ import shlex
 import time
 from dataclasses import dataclass
 
+from fleetspec.errors import RemoteError
 from fleetspec.remote import facts, files
 from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
 from fleetspec.remote.facts import systemd as systemd_fact
@@ -102,13 +103,21 @@ WATCH_EVERY_S = 0.5
 _TICK = "."
 
 
-def watch_script(service: str, deadline_s: float, show: str | None = None) -> str:
+BEFORE = "FLEETSPEC-BEFORE-RESTART"
+
+
+def watch_script(service: str, deadline_s: float, show: str | None = None, restart: str | None = None) -> str:
     """A host-side loop for the readiness wait: every WATCH_EVERY_S, `systemctl show` of WATCH as
     one tab-separated line when it changed, else a bare "." (a closed channel then ends the loop
     with SIGPIPE within one tick); it ends by itself after `deadline_s` either way. `show`: the
-    command that prints the state (the unit tests' stand-in for systemctl)."""
+    command that prints the state (the unit tests' stand-in for systemctl). `restart` (a shell
+    command, restart_command's): first print the state as a BEFORE line, then run it, then the loop."""
     show = show or show_command(service)
-    return (f"end=$(( $(date +%s) + {int(deadline_s) + 1} )); last=; "
+    first = ""
+    if restart is not None:
+        first = (f"before=$({show}) || exit 1; printf '%s %s\\n' {BEFORE} \"$(printf %s \"$before\" | tr '\\n' '\\t')\"; "
+                 f"{restart} >&2; ")
+    return (first + f"end=$(( $(date +%s) + {int(deadline_s) + 1} )); last=; "
             f"while [ \"$(date +%s)\" -lt \"$end\" ]; do "
             f"now=$({show} | tr '\\n' '\\t') || exit 1; "
             f"if [ \"$now\" != \"$last\" ]; then printf '%s\\n' \"$now\" || exit 0; last=$now; "
@@ -126,11 +135,13 @@ class UnitStream:
     what arrived without waiting for the host. A prelude (ops/hoststate.py) runs before the loop;
     it is settled by the first line (the loop only starts once it succeeded) or by the end."""
 
-    def __init__(self, t: CarryingTransport, service: str, deadline_s: float, prelude=None, show: str | None = None):
-        script = watch_script(service, deadline_s, show)
+    def __init__(self, t: CarryingTransport, service: str, deadline_s: float, prelude=None, show: str | None = None,
+                 restart: str | None = None):
+        script = watch_script(service, deadline_s, show, restart)
         self.chan = t.open_exec(script, prelude=prelude) if prelude is not None else t.open_exec(script)
         self.prelude, self.ended = prelude, False
         self.state: UnitWatch | None = None
+        self.restarted: Restarted | None = None       # the BEFORE line's state (restart=)
         self._buf, self._err = b"", b""
 
     def latest(self, wait: float = 0.0) -> UnitWatch | None:
@@ -144,6 +155,20 @@ class UnitStream:
             if self.state is not None or time.monotonic() >= until:
                 return self.state
             select.select([self.chan], [], [], max(0.0, min(0.1, until - time.monotonic())))
+
+    def before(self, timeout: float = 120) -> Restarted:
+        """The state printed before the restart (restart=), once it arrived: the restart is issued
+        right after it. RemoteError when the command ended first (its prelude's failure raises
+        from _settle) or printed nothing in `timeout` s."""
+        until = time.monotonic() + timeout
+        while self.restarted is None:
+            self._drain()
+            if self.ended or time.monotonic() >= until:
+                detail = self._err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+                raise RemoteError(f"restarting the unit: the watch {'ended' if self.ended else 'printed nothing'} "
+                                  f"before its first line: {detail[0][:300]}")
+            select.select([self.chan], [], [], 0.1)
+        return self.restarted
 
     def watch(self, seconds: float, stop) -> UnitWatch | None:
         """Read for up to `seconds`, returning at once the first new state for which `stop` holds."""
@@ -167,7 +192,12 @@ class UnitStream:
         *lines, self._buf = self._buf.split(b"\n")
         for raw in lines:
             self._settle(0)
-            unit = parse_watch_line(raw.decode("utf-8", "replace"))
+            text = raw.decode("utf-8", "replace")
+            if text.startswith(BEFORE + " "):
+                before = parse_watch_line(text.removeprefix(BEFORE + " "))
+                self.restarted = Restarted(before.n_restarts, before.main_start_us) if before else Restarted(None, 0)
+                continue
+            unit = parse_watch_line(text)
             if unit is not None:
                 self.state = unit
         if self.chan.exit_status_ready() and not self.chan.recv_ready():
@@ -183,13 +213,17 @@ class UnitStream:
         self.chan.close()
 
 
+def restart_command(service: str) -> str:
+    """Clear a failed state and queue the restart (--no-block); its exit status is not trusted."""
+    unit = shlex.quote(service)
+    return f"{{ systemctl reset-failed -- {unit} 2>/dev/null; systemctl restart --no-block -- {unit} || true; }}"
+
+
 def restart(t: TransportLike, service: str) -> Restarted:
     """One command: note the state, clear a failed state, queue the restart (--no-block: the
     readiness wait watches it come up instead of `systemctl` waiting on a start that may hang;
     its exit status is not trusted either way, a crashing unit's restart returns 0)."""
-    unit = shlex.quote(service)
-    r = t.run_script(f"{show_command(service)} && {{ systemctl reset-failed -- {unit} 2>/dev/null; "
-                     f"systemctl restart --no-block -- {unit} || true; }}", timeout=120, check=True)
+    r = t.run_script(f"{show_command(service)} && {restart_command(service)}", timeout=120, check=True)
     before = parse_watch(r.stdout)
     return Restarted(before.n_restarts, before.main_start_us)
 
@@ -218,19 +252,24 @@ def verify_script(rundir: str, service: str, unit_bytes: bytes, dropin_name: str
     fresh unguessable folder inside the root-only `rundir` (removed on exit; a fixed name in a shared
     folder could be made first by anyone, with `<svc>.d` a symlink to where root then writes);
     prints NO_ANALYZE where the host has no systemd-analyze. Its exit status and output are verify's."""
-    unit = f'"$s"/{q(service)}'
-
     def enc(data: bytes) -> str:
-        return q(base64.b64encode(data).decode())
+        return f"printf %s {q(base64.b64encode(data).decode())} | base64 -d"
 
+    return verify_from(rundir, service, enc(unit_bytes), dropin_name, enc(dropin))
+
+
+def verify_from(rundir: str, service: str, unit_from: str, dropin_name: str, dropin_from: str) -> str:
+    """verify_script with the unit's and the drop-in's bytes printed by two shell commands
+    (`unit_from`, `dropin_from`: built with shlex.quote), e.g. read from stdin or a file just written."""
+    unit = f'"$s"/{q(service)}'
     return "\n".join([
         f"command -v systemd-analyze >/dev/null || {{ echo {NO_ANALYZE}; exit 0; }}",
         f"s=$({files.scratch_dir(rundir)}) || exit 1",
         "trap 'rm -rf -- \"$s\"' EXIT",
         "umask 077",
         f"mkdir -m 0700 -- {unit}.d",
-        f"printf %s {enc(unit_bytes)} | base64 -d > {unit}",
-        f"printf %s {enc(dropin)} | base64 -d > {unit}.d/{q(dropin_name)}",
+        f"{unit_from} > {unit}",
+        f"{dropin_from} > {unit}.d/{q(dropin_name)}",
         f"SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no -- {unit}",
     ])
 
@@ -240,3 +279,46 @@ def analyze_verify(t: TransportLike, rundir: str, service: str, unit_bytes: byte
     """verify_script run on the host; None where it has no systemd-analyze."""
     r = t.run_script(verify_script(rundir, service, unit_bytes, dropin_name, dropin), timeout=60, check=False)
     return None if r.stdout.strip() == NO_ANALYZE else r
+
+
+WRITTEN = "__FLEETSPEC_WRITTEN__"
+
+
+@dataclass(frozen=True)
+class WriteAndVerify:
+    verify: CommandResult | None      # systemd-analyze verify's result; None where the host has none
+    sha256: dict[str, str]            # of the `hash_paths` that existed, as read before the writes
+
+
+def write_and_verify(t: TransportLike, writes: list[tuple[str, bytes, int]], sync: list[str], rundir: str,
+                     service: str, unit_bytes: bytes, dropin_name: str, dropin_path: str,
+                     hash_paths: tuple[str, ...] = ()) -> WriteAndVerify:
+    """The render step in one command, every byte on stdin (none on the command line): hash
+    `hash_paths`, write each (path, bytes, mode) atomically (files.write_from_stdin), fsync `sync`,
+    then verify_from with the unit from stdin and the drop-in as written at `dropin_path`.
+    A write that fails raises RemoteError and verify does not run."""
+    steps = " && ".join(files.write_from_stdin(path, data, mode) for path, data, mode in writes)
+    script = "\n".join([
+        "umask 077",
+        files.sha256_of(sorted(hash_paths)),
+        f"{{ {steps} && {files.fsync(*sync)}; }} || exit 1",
+        f"echo {WRITTEN}",
+        "(", verify_from(rundir, service, f"head -c {len(unit_bytes)}", dropin_name, f"cat -- {q(dropin_path)}"),
+        ")",
+    ])
+    stdin = b"".join(data for _, data, _ in writes) + unit_bytes
+    r = t.run_script(script, timeout=60, check=False, stdin=stdin)
+    split = split_written(r.stdout)
+    if split is None:
+        detail = (r.stderr.strip() or r.stdout.strip() or f"exit {r.rc}").splitlines()[-1][:300]
+        raise RemoteError(f"{getattr(t, 'name', 'host')}: writing {', '.join(p for p, _, _ in writes)} failed: {detail}")
+    before, after = split
+    verify = None if after.strip() == NO_ANALYZE else CommandResult(r.command, r.rc, after, r.stderr)
+    return WriteAndVerify(verify, files.parse_sha256sum(before))
+
+
+def split_written(stdout: str) -> tuple[str, str] | None:
+    """write_and_verify's output: (what came before the WRITTEN line, verify's output after it);
+    None when the line is missing (the writes failed)."""
+    head, sep, tail = stdout.partition(WRITTEN + "\n")
+    return (head, tail) if sep else None

@@ -5,6 +5,8 @@ Restart=on-failure (the lab's units); the lab test test_fault_in_new_release_rev
 checks the rule against real systemd.
 """
 
+import pytest
+
 from fleetspec.remote import systemd
 
 
@@ -124,3 +126,40 @@ def test_the_stream_ends_by_itself_at_its_deadline(t, tmp_path):
         assert stream.ended and stream.latest() is None       # the caller falls back to one look
     finally:
         stream.close()
+
+
+def test_the_watch_restarts_after_printing_the_state_before(t, tmp_path):
+    """restart= (issue 17): the state before is printed first and read as the Restarted point; the
+    restart runs after it, in the same command; the loop then streams the new state."""
+    path = _state_file(tmp_path, "active", "running", start=3_000)
+    restart = f"sleep 0.2; {_state_cmd(tmp_path, 'activating', 'start', 9_000)}"
+    stream = systemd.UnitStream(t, "svc", 60, show=f"cat {path}", restart=restart)
+    try:
+        assert stream.before(timeout=10) == systemd.Restarted(0, 3_000)
+        after = stream.latest(wait=5)                  # the loop starts once the restart was issued
+        assert (after.sub_state, after.main_start_us) == ("start", 9_000)
+        assert not systemd.exited(after, stream.restarted)
+    finally:
+        stream.close()
+
+
+def test_a_watch_that_ends_before_its_first_line_never_restarts(t, tmp_path):
+    from fleetspec.errors import RemoteError
+
+    marker = tmp_path / "restarted"
+    stream = systemd.UnitStream(t, "svc", 60, show=f"cat {tmp_path}/absent", restart=f"touch {marker}")
+    try:
+        with pytest.raises(RemoteError, match="before its first line"):
+            stream.before(timeout=10)
+    finally:
+        stream.close()
+    assert not marker.exists()
+
+
+def _state_cmd(tmp_path, active, sub, start):
+    import shlex
+
+    text = (f"ActiveState={active}\nSubState={sub}\nResult=success\nNRestarts=0\nExecMainCode=1\n"
+            f"ExecMainStatus=1\nExecMainStartTimestampMonotonic={start}\nExecMainExitTimestampMonotonic=0\n")
+    tmp = shlex.quote(str(tmp_path / "state.tmp"))
+    return f"printf %s {shlex.quote(text)} > {tmp} && mv {tmp} {shlex.quote(str(tmp_path / 'state'))}"
