@@ -286,9 +286,8 @@ class Deploy:
         return {}
 
     def _restart(self) -> dict:
-        """In the readiness watch's own command (its prelude: this step's "started" line); probes reads on."""
         self.spec = self.pf.probe_spec(self.pf.playbook_algorithm)
-        self.watch, self.restarted = probes.restart_watched(self.t, self.service, self.spec)
+        self.watch, self.restarted = probes.restart_watched(self.t, self.service, self.spec)  # probes reads on
         return {"n_restarts_before": self.restarted.n_restarts}
 
     def _probes(self) -> dict:
@@ -321,7 +320,7 @@ class Deploy:
         self.state.defer(L.Entry.status(self.release_id, L.HEALTHY))   # what to prune: known, no read
         self.prune_old = planning.to_prune(self.state, self.lock.read_text, self.release_id,
                                            self.pf.keep_releases if self.req.prune else 0, protect=[self.previous])
-        return {"pruned": self.prune_old}
+        return {"prune": self.prune_old}     # each one's PRUNED line follows its removal
 
     # Failure path -----------------------------------------------------------------------------
     def _revert(self, failure: StepFailed) -> DeployOutcome:
