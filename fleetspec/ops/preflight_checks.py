@@ -4,6 +4,7 @@ reads they need (unit files, installed hashes, kernels). Nothing here changes a 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import NeedsAttention, UserError
@@ -164,15 +165,41 @@ def _model_path(host, exec_argv: list[str]) -> str:
 def preload_patchsets(playbook) -> dict:
     """Each version's patch set loaded (or the error loading it raised, raised again only if that
     version is picked): their paths ride in preflight's batch before the host's version is known."""
-    from fleetspec.model.patchset import load_patchset
-
     out: dict = {}
     for version, folder in (getattr(playbook, "patchsets", None) or {}).items():
         try:
-            out[version] = load_patchset(folder)
+            out[version] = load_patchset_once(folder)
         except Exception as err:  # noqa: BLE001 - kept and raised where today's load raises it
             out[version] = err
     return out
+
+
+_LOADED: dict[str, tuple[tuple, object]] = {}
+
+
+def _folder_stamp(folder) -> tuple:
+    """Every file under a patch set folder with its size and mtime: an edit makes a new stamp."""
+    out = []
+    for dirpath, _, names in os.walk(str(folder)):
+        for name in names:
+            st = os.lstat(os.path.join(dirpath, name))
+            out.append((dirpath, name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
+
+
+def load_patchset_once(folder):
+    """load_patchset, once per process while the folder's files stay as they were: a deploy to N
+    hosts loads (a patches folder: builds) each version's patch set once, not once per host.
+    Failures are not kept: the next host loads again and gets the error again."""
+    from fleetspec.model.patchset import load_patchset
+
+    stamp = _folder_stamp(folder)
+    kept = _LOADED.get(str(folder))
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    patchset = load_patchset(folder)
+    _LOADED[str(folder)] = (stamp, patchset)
+    return patchset
 
 
 def candidate_paths(loaded: dict) -> tuple[str, ...]:
@@ -183,14 +210,14 @@ def candidate_paths(loaded: dict) -> tuple[str, ...]:
 def select_patchset(t: TransportLike, playbook, sg, host: str, loaded: dict | None = None):
     if not playbook.patchsets:
         return None
-    from fleetspec.model.patchset import check_base, load_patchset
+    from fleetspec.model.patchset import check_base
     from fleetspec.model.patchset import select_patchset as pick
 
     folder = pick(playbook.patchsets, sg.version, host=host)
     patchset = (loaded or {}).get(sg.version)
     if isinstance(patchset, Exception):
         raise patchset
-    patchset = patchset or load_patchset(folder)
+    patchset = patchset or load_patchset_once(folder)
     check_contents(patchset)
     try:
         check_base(patchset, sg.version, _installed(t, sg, patchset))

@@ -6,6 +6,7 @@ Both land in the release folder; nothing that runs changes here.
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 from pathlib import Path
@@ -24,7 +25,10 @@ if TYPE_CHECKING:
     from fleetspec.ops.preflight import Preflight
 
 
+@functools.lru_cache(maxsize=8)
 def _env(root: Path):
+    """One environment per templates folder for the whole process: each template is compiled once,
+    not once per host (jinja re-reads a template whose file changed)."""
     env = render.environment(root)
     env.filters["q"] = shlex.quote
     return env

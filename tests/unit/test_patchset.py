@@ -232,3 +232,23 @@ def test_every_shipped_python_file_compiles(version):
     for entry in ps.files:
         if entry.path.endswith(".py"):
             compile(ps.source(entry).read_text(), str(ps.source(entry)), "exec")
+
+
+def test_a_deploy_loads_each_patch_set_once_until_a_file_changes(tmp_path):
+    """preflight_checks.load_patchset_once: one load for N hosts, a fresh one after an edit, and
+    a broken folder refused for every host (failures are not kept)."""
+    from fleetspec.ops.preflight_checks import load_patchset_once
+
+    folder = _write(tmp_path, {"sglang/x.py": b"x = 1\n"})
+    first = load_patchset_once(folder)
+    assert load_patchset_once(folder) is first
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "files/sglang/x.py").write_bytes(b"x = 22\n")
+    manifest["files"][0]["sha256"] = hashlib.sha256(b"x = 22\n").hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    again = load_patchset_once(folder)
+    assert again is not first and again.files[0].sha256 == manifest["files"][0]["sha256"]
+    (folder / "files/sglang/y.py").write_bytes(b"unlisted\n")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="y.py"):
+            load_patchset_once(folder)
