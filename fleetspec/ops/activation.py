@@ -96,12 +96,6 @@ def restore_baseline_files(t: TransportLike, baseline: Baseline) -> None:
             t.put_bytes(data, path, mode=baseline.modes.get(path, default) & 0o7777)
 
 
-def restart(t: TransportLike, service: str) -> systemd.Restarted:
-    """Restart (one command) and return the state from before, for the readiness wait; a deploy
-    and a revert restart inside the readiness watch instead (probes.restart_watched)."""
-    return systemd.restart(t, service)
-
-
 def journal_tail(t: TransportLike, service: str, lines: int = 20) -> list[str]:
     return systemd.journal_tail(t, service, lines)
 

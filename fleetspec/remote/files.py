@@ -261,11 +261,6 @@ def run_python_from_root(t: TransportLike, python: str, code: str, timeout_s: in
                         check=False)
 
 
-def sync_paths(t: TransportLike, *paths: str, timeout: float = 60) -> None:
-    """Make several files and folders durable in one command (written with durable=False)."""
-    t.run_script(fsync(*paths), timeout=timeout, check=True)
-
-
 def write_file(t: TransportLike, path: str, data: bytes, mode: int) -> None:
     """One file written from stdin (write_from_stdin) and its folder fsynced, in one command."""
     t.run_script(f"umask 077 && {write_from_stdin(path, data, mode)} && {fsync(parent(path))}", timeout=60,

@@ -29,7 +29,7 @@ from fleetspec.model.names import is_name, is_service
 from fleetspec.model.patchset import load_patchset
 from fleetspec.model.playbook import load_playbook, load_playbook_for
 from fleetspec.model.release import Release
-from fleetspec.ops import switching
+from fleetspec.ops import planning, switching
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote.transport import Transport
 
@@ -93,6 +93,8 @@ def test_prune_never_follows_a_release_id_out_of_releases(t, tmp_path):
             (base / "releases" / rid).mkdir(parents=True)
     (base / "ledger.jsonl").write_text("".join(L.Entry.status(r, L.HEALTHY).to_line() + "\n" for r in ids))
     state = HostState(t, "h", SERVICE, root=root)
+    ledger = (base / "ledger.jsonl").read_text()
+    assert planning.to_prune(state, ledger, ids[2], keep=1) == [ids[0]]   # a deploy's prune: no read
     assert switching.prune(t, state, keep=1) == [ids[0]]
     assert (victim / "keep").read_text() == "x" and (base / "releases" / ids[2]).is_dir()
 
