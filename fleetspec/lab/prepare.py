@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fleetspec.errors import UserError
@@ -24,38 +25,58 @@ def _quiet(_line: str) -> None:
     pass
 
 
-def stages() -> list[tuple[str, object]]:
-    """(name, step) in order; each step returns True when it did work (a cold stage)."""
-    steps: list[tuple[str, object]] = [
+def stages() -> list[list[tuple[str, object]]]:
+    """Lanes of (name, step); a lane's steps run in order, the lanes side by side (after the
+    first, which the others need). Each step returns True when it did work (a cold stage)."""
+    first: list[tuple[str, object]] = [
         ("download", lambda: envs.download_wheels() > 0),
         ("patch sets", build_patchsets),
+    ]
+    image_lane: list[tuple[str, object]] = [
         ("rootfs", lambda: image.ensure_rootfs(_quiet)),
         ("base image", lambda: image.ensure_base(_quiet)),
         ("package layer", lambda: image.ensure_packages(_quiet)),
     ]
     for version in envs.SGLANG_VERSIONS:
-        steps.append((f"layer sglang {version}", lambda v=version: image.ensure_layer(v, _quiet)))
-    for version in envs.SGLANG_VERSIONS:
-        steps.append((f"local env sglang {version}", lambda v=version: envs.local_env_built(v)))
-    steps.append(("kernels", build_kernels))
+        image_lane.append((f"layer sglang {version}", lambda v=version: image.ensure_layer(v, _quiet)))
+    local_lane: list[tuple[str, object]] = [
+        (f"local env sglang {version}", lambda v=version: envs.local_env_built(v)) for version in envs.SGLANG_VERSIONS]
+    local_lane.append(("kernels", build_kernels))
     if os.environ.get("FLEETSPEC_CUDA_BUILD") == "1":
-        steps.append(("cuda kernels", build_cuda_kernels))
-    return steps
+        local_lane.append(("cuda kernels", build_cuda_kernels))
+    return [first, image_lane, local_lane]
 
 
-def main() -> int:
-    started = time.monotonic()
+def _run_lane(lane: list[tuple[str, object]]) -> tuple[bool, str | None]:
+    """(did any work, the first failure's line or None); stops at the first failure."""
     cold = False
-    for name, step in stages():
+    for name, step in lane:
         t0 = time.monotonic()
         try:
             did = step()
         except (envs.DownloadFailed, UserError) as err:
-            print(f"prepare: {name} failed: {err}", file=sys.stderr, flush=True)
-            return 2
+            return cold, f"prepare: {name} failed: {err}"
         if did:
             cold = True
             print(f"prepare: {name} {time.monotonic() - t0:.1f}s", flush=True)
+    return cold, None
+
+
+def main() -> int:
+    """The first lane, then the image and the local environments side by side: the two are
+    independent (a chroot's pip and this machine's pip, each in folders of its own) and each is
+    mostly one process, so on a cold machine they share its cores instead of taking turns."""
+    started = time.monotonic()
+    first, *rest = stages()
+    cold, failed = _run_lane(first)
+    if failed is None:
+        with ThreadPoolExecutor(max_workers=len(rest)) as pool:
+            results = list(pool.map(_run_lane, rest))
+        cold = cold or any(did for did, _ in results)
+        failed = next((why for _, why in results if why is not None), None)
+    if failed is not None:
+        print(failed, file=sys.stderr, flush=True)
+        return 2
     if cold:
         print(f"prepare: cold set-up of {envs.CACHE} took {time.monotonic() - started:.0f}s", flush=True)
     return 0

@@ -18,15 +18,13 @@ the header's (a release --prestage staged) is used as it is.
 from __future__ import annotations
 
 import json
-import select
-import time
 from dataclasses import dataclass, field
 from typing import cast
 
 from fleetspec.errors import RemoteError
 from fleetspec.remote import files
 from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
-from fleetspec.remote.ssh_lib import paramiko
+from fleetspec.remote.exchange import Exchange
 
 NEED = "FLEETSPEC-STAGE-NEED"
 DONE = "FLEETSPEC-STAGE-DONE "
@@ -188,12 +186,12 @@ def stage(t: TransportLike, python: str, rundir: str, plan: Plan, timeout: float
     take = getattr(t, "take_prelude", None)     # a deploy's carrier: its deferred ledger lines ride here
     prelude = take() if take is not None else None
     chan = cast(CarryingTransport, t).open_exec(script, prelude=prelude)
-    ex = _Exchange(chan, time.monotonic() + timeout, t.name)
+    ex = Exchange(chan, t.name, f"stage {plan.final}", timeout)
     sent = 0
     try:
         ex.send(plan.header())
-        need = ex.need()
-        for digest in need or []:
+        asked = ex.line_starting(NEED.encode())
+        for digest in (asked.split()[1:] if asked else []):
             if digest not in plan.blobs:
                 raise RemoteError(f"{t.name}: staging {plan.final}: the host asked for an unknown object {digest[:80]}")
             ex.send(plan.blobs[digest])
@@ -217,67 +215,3 @@ def _parse(host: str, final: str, r: CommandResult, lost: str | None, sent: int)
         raise RemoteError(f"{host}: staging {final} failed (exit {r.rc}): {detail[:400]}")
     verdict = json.loads(done[-1][len(DONE):])
     return Staged(0 if verdict["reused"] else sent, bool(verdict["reused"]), verdict.get("smoke_error"))
-
-
-_CLOSED = (OSError, EOFError, paramiko.SSHException)
-
-
-class _Exchange:
-    """Both directions of one exec channel: write stdin, read stdout/stderr to the exit status."""
-
-    def __init__(self, chan, deadline: float, host: str):
-        self.chan, self.deadline, self.host = chan, deadline, host
-        self.out, self.err = bytearray(), bytearray()
-        self.lost: str | None = None      # a write failed: the host ended (or the link did)
-
-    def send(self, data: bytes) -> None:
-        if self.lost is not None:
-            return
-        try:
-            self.chan.settimeout(max(1.0, self.deadline - time.monotonic()))
-            self.chan.sendall(data)
-        except _CLOSED as err:
-            self.lost = f"the host stopped reading: {err}"
-
-    def shutdown_write(self) -> None:
-        if self.lost is None:
-            try:
-                self.chan.shutdown_write()
-            except _CLOSED as err:
-                self.lost = f"the host stopped reading: {err}"
-
-    def need(self) -> list[str] | None:
-        """The digests the host asks for; None when it ended without asking (it failed)."""
-        marker = NEED.encode()
-        while True:
-            for line in bytes(self.out).split(b"\n")[:-1]:
-                if line == marker or line.startswith(marker + b" "):
-                    return line.decode().split()[1:]
-            if self._ended():
-                return None
-            self._pump()
-
-    def finish(self) -> int:
-        while not self._ended():
-            self._pump()
-        return self.chan.recv_exit_status()
-
-    def _ended(self) -> bool:
-        c = self.chan
-        return c.exit_status_ready() and (c.eof_received or c.closed) and not c.recv_ready() \
-            and not c.recv_stderr_ready()
-
-    def _pump(self) -> None:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise RemoteError(f"{self.host}: staging timed out")
-        try:
-            select.select([self.chan], [], [], min(left, 0.25))
-            while self.chan.recv_ready():
-                self.out += self.chan.recv(65536)
-            while self.chan.recv_stderr_ready():
-                self.err += self.chan.recv_stderr(65536)
-        except _CLOSED as err:
-            raise RemoteError(f"{self.host}: connection lost during staging: {err}") from None
-        if self.chan.closed and not self.chan.exit_status_ready():
-            raise RemoteError(f"{self.host}: connection lost during staging")

@@ -10,7 +10,6 @@ on the same connection (remote/transfer.py, remote/http.py).
 
 from __future__ import annotations
 
-import select
 import shlex
 import socket
 import threading
@@ -20,6 +19,7 @@ from typing import Sequence
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
 from fleetspec.remote.api import CommandResult, HttpResponse, Prelude, TransportLike
+from fleetspec.remote.exchange import Exchange, short
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
 from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
@@ -29,7 +29,6 @@ from fleetspec.remote.transfer import FileTransfer
 __all__ = ["CommandResult", "HostKeyError", "HttpResponse", "Transport", "TransportLike", "TransportPool",
            "add_observer", "check_host_key", "fingerprint", "redact", "remove_observer"]
 
-_CHUNK = 65536
 
 
 class _Retryable(Exception):
@@ -227,7 +226,7 @@ class Transport(FileTransfer, HttpOverSsh):
             result = prelude.settle(result)      # raises when the prelude failed: nothing else ran
         if check and result.rc != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
-            raise RemoteError(f"{self.name}: `{_short(shown)}` exited {result.rc}: {detail[0][:300]}")
+            raise RemoteError(f"{self.name}: `{short(shown)}` exited {result.rc}: {detail[0][:300]}")
         return result
 
     def _exec_inner(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
@@ -237,49 +236,20 @@ class Transport(FileTransfer, HttpOverSsh):
             chan = ssh.open_session(timeout=self.host.connect_timeout)
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise RemoteError(f"{self.name}: cannot open a session: {err}") from None
-        deadline = time.monotonic() + timeout
+        ex = Exchange(chan, self.name, shown, timeout)
         try:
-            chan.settimeout(timeout)       # a dead link must not block a stdin write forever
+            chan.settimeout(timeout)       # a dead link must not block exec_command forever
             chan.exec_command(full)
-            _send_all(chan, stdin)
-            chan.shutdown_write()
-            out, err = self._read_to_exit(chan, deadline, timeout, shown)
-            rc = chan.recv_exit_status()
+            ex.send(stdin)
+            ex.shutdown_write()
+            if ex.lost is not None:
+                raise RemoteError(f"{self.name}: connection lost during {short(shown)}: {ex.lost}")
+            rc = ex.finish()
         except (paramiko.SSHException, EOFError, OSError) as e:
-            raise RemoteError(f"{self.name}: connection lost during {_short(shown)}: {e}") from None
+            raise RemoteError(f"{self.name}: connection lost during {short(shown)}: {e}") from None
         finally:
             chan.close()
-        return CommandResult(shown, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), bytes(out))
-
-    def _read_to_exit(self, chan, deadline: float, timeout: float, shown: str) -> tuple[bytearray, bytearray]:
-        """stdout and stderr until the command exits and its output ends, or the deadline."""
-        out, err = bytearray(), bytearray()
-        exited_at = None
-        while True:
-            if chan.recv_ready():
-                out += chan.recv(_CHUNK)
-                continue
-            if chan.recv_stderr_ready():
-                err += chan.recv_stderr(_CHUNK)
-                continue
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                # sshd may send the exit status before the last of the output: read on to EOF
-                # (a child left running in the background may hold the pipe: then 5 s at most).
-                if chan.eof_received or chan.closed:
-                    break
-                exited_at = exited_at or time.monotonic()
-                if time.monotonic() - exited_at > 5:
-                    break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RemoteError(f"{self.name}: command timed out after {timeout:g}s: {_short(shown)}")
-            select.select([chan], [], [], min(left, 0.25))
-        # Drain anything that arrived with the exit status.
-        while chan.recv_ready():
-            out += chan.recv(_CHUNK)
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(_CHUNK)
-        return out, err
+        return CommandResult(shown, rc, ex.out.decode("utf-8", "replace"), ex.err.decode("utf-8", "replace"), bytes(ex.out))
 
     def open_exec(self, script: str, prelude: Prelude | None = None):
         """Start a long-lived command whose stdin is our channel (the deploy lock's holder, the
@@ -293,19 +263,9 @@ class Transport(FileTransfer, HttpOverSsh):
             chan.exec_command(self._wrap(prelude.script + script if prelude is not None else script))
         except (paramiko.SSHException, EOFError, OSError) as err:
             _observe(self.name, script, began, f"error: {err}")
-            raise RemoteError(f"{self.name}: cannot start {_short(script)}: {err}") from None
+            raise RemoteError(f"{self.name}: cannot start {short(script)}: {err}") from None
         _observe(self.name, script, began, "started (runs on)")
         return chan
-
-
-def _send_all(chan, data: bytes | None) -> None:
-    """Write all of `data` (if any) to the command's stdin, a chunk at a time."""
-    if data is None:
-        return
-    view = memoryview(data)
-    while view:
-        sent = chan.send(view[:_CHUNK])
-        view = view[sent:]
 
 
 def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
@@ -353,11 +313,6 @@ def sudo_problem(rc: int, output: str, user: str) -> str | None:
         return f"its sudo needs a terminal (requiretty){said}; allow it without one or connect as root"
     return (f"the user may not use sudo{said}; give it a NOPASSWD sudoers rule "
             f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
-
-
-def _short(command: str, n: int = 120) -> str:
-    command = " ".join(command.split())
-    return command if len(command) <= n else command[: n - 1] + "…"
 
 
 class TransportPool:

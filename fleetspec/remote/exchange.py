@@ -1,0 +1,101 @@
+"""Both directions of one exec channel, until the command exits and its output ends.
+
+Every SSH command runs through one `Exchange`: `Transport.run` writes its stdin and reads to the
+end, the stage command also reads the host's request for objects part-way and answers on the same
+stdin. One read loop, so the exit-before-EOF grace and the deadline behave alike everywhere.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+
+from fleetspec.errors import RemoteError
+from fleetspec.remote.ssh_lib import paramiko
+
+CHUNK = 65536
+CLOSED = (OSError, EOFError, paramiko.SSHException)
+EOF_GRACE_S = 5.0     # exited without EOF: a child left in the background may hold the pipe
+
+
+def short(command: str, n: int = 120) -> str:
+    one = " ".join(command.split())
+    return one if len(one) <= n else one[: n - 3] + "..."
+
+
+class Exchange:
+    """stdin written, stdout/stderr collected, for one channel whose command already started.
+
+    A failed write is not an error by itself: the command may have ended first, and its exit
+    status and stderr say why (`lost` keeps the write's error for when they do not). A link that
+    dies while reading, or the deadline, raises RemoteError naming the host and the command."""
+
+    def __init__(self, chan, host: str, shown: str, timeout: float):
+        self.chan, self.host, self.shown, self.timeout = chan, host, shown, timeout
+        self.deadline = time.monotonic() + timeout
+        self.out, self.err = bytearray(), bytearray()
+        self.lost: str | None = None
+        self._exited_at: float | None = None
+
+    def send(self, data: bytes | None) -> None:
+        if data is None or self.lost is not None:
+            return
+        view = memoryview(data)
+        try:
+            self.chan.settimeout(max(1.0, self.deadline - time.monotonic()))   # a dead link never blocks a write forever
+            while view:
+                view = view[self.chan.send(view[:CHUNK]):]
+        except CLOSED as err:
+            self.lost = f"the host stopped reading: {err}"
+
+    def shutdown_write(self) -> None:
+        if self.lost is None:
+            try:
+                self.chan.shutdown_write()
+            except CLOSED as err:
+                self.lost = f"the host stopped reading: {err}"
+
+    def line_starting(self, marker: bytes) -> str | None:
+        """The first whole stdout line that is `marker` or starts with `marker` and a space; None
+        when the command ended without printing one."""
+        while True:
+            for line in bytes(self.out).split(b"\n")[:-1]:
+                if line == marker or line.startswith(marker + b" "):
+                    return line.decode()
+            if self._ended():
+                return None
+            self._pump()
+
+    def finish(self) -> int:
+        """Read to the end; the command's exit status."""
+        while not self._ended():
+            self._pump()
+        self._drain()
+        return self.chan.recv_exit_status()
+
+    def _ended(self) -> bool:
+        c = self.chan
+        if not c.exit_status_ready() or c.recv_ready() or c.recv_stderr_ready():
+            return False
+        if c.eof_received or c.closed:
+            return True
+        self._exited_at = self._exited_at or time.monotonic()
+        return time.monotonic() - self._exited_at > EOF_GRACE_S
+
+    def _pump(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RemoteError(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}")
+        try:
+            select.select([self.chan], [], [], min(left, 0.25))
+            self._drain()
+        except CLOSED as err:
+            raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}: {err}") from None
+        if self.chan.closed and not self.chan.exit_status_ready():
+            raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}")
+
+    def _drain(self) -> None:
+        while self.chan.recv_ready():
+            self.out += self.chan.recv(CHUNK)
+        while self.chan.recv_stderr_ready():
+            self.err += self.chan.recv_stderr(CHUNK)
