@@ -8,6 +8,10 @@ deploy (no gates) and rollback, a failed deploy (lab fault crash_at_start on DDT
 baseline is healthy again, and status of ct129 + ct200. Median of --runs; ratios are fleetspec's
 time over Ansible's. The engine is the lab's stand-in: every time here is a stand-in figure.
 
+During each deploy a watcher on ct129 itself asks /health every 50 ms (python's urllib, 1 s
+timeout) and reports how long the service did not answer 200: the service's downtime, as
+opposed to the deploy's wall time (fleetspec's smoke tests run while the old engine still serves).
+
     flock /run/lock/fleetspec-labtests.lock python3 bench/vs_ansible.py [--runs 3] [--ansible-playbook PATH]
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -63,6 +68,56 @@ def wait_healthy(hosts: list[str], timeout: float = 300) -> None:
     raise SystemExit(f"lab hosts not healthy after {timeout:.0f}s: {r.stdout[-1000:]}")
 
 
+# On the host: /health every 50 ms until stdin closes, then the seconds it was not 200.
+_DOWN_WATCH = r"""
+import sys, threading, time, urllib.request
+url, stop, down, since = sys.argv[1], threading.Event(), 0.0, None
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+while not stop.is_set():
+    now = time.monotonic()
+    try:
+        ok = urllib.request.urlopen(url, timeout=1).status == 200
+    except Exception:
+        ok = False
+    if not ok and since is None:
+        since = now
+    elif ok and since is not None:
+        down, since = down + (now - since), None
+    time.sleep(0.05)
+if since is not None:
+    down += time.monotonic() - since
+print("DOWN %.3f" % down, flush=True)
+"""
+
+
+class DownWatch:
+    """The watcher above on ct129, over the lab's plain ssh (not fleetspec's transport)."""
+
+    def __init__(self, address: str, python: str, port: int):
+        from fleetspec.lab import ssh
+        cmd = f"{shlex.quote(python)} -c {shlex.quote(_DOWN_WATCH)} http://127.0.0.1:{port}/health"
+        self.proc = subprocess.Popen([*ssh.argv(ROOT, address), "--", "sh", "-c", shlex.quote(cmd)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)      # up and polling before the deploy starts
+
+    def seconds(self) -> float:
+        out, _ = self.proc.communicate("", timeout=30)
+        line = [x for x in out.splitlines() if x.startswith("DOWN ")]
+        if not line:
+            raise SystemExit(f"the downtime watcher on {HOST} said nothing (exit {self.proc.returncode})")
+        return float(line[-1].split()[1])
+
+
+def watched(address: str, python: str, port: int, run) -> tuple[tuple[int, float, str], float]:
+    """run() with the downtime watcher on; (its result, seconds /health was not 200)."""
+    watch = DownWatch(address, python, port)
+    try:
+        result = run()
+    finally:
+        down = watch.seconds()
+    return result, down
+
+
 def playbook_vars(health_retries: int) -> tuple[dict, dict]:
     """What deploy.yml needs, from fleetspec's preflight of ct129 (read-only), and the Ansible
     inventory for ct129 + ct200 with the lab's key and known_hosts."""
@@ -98,7 +153,7 @@ def playbook_vars(health_retries: int) -> tuple[dict, dict]:
                        "service": h.vars.service, "port": h.vars.api_port}
     inventory = {"all": {"children": {"bench": {"hosts": {HOST: entry(hosts[HOST])}},
                                       "others": {"hosts": {OTHER: entry(hosts[OTHER])}}}}}
-    return variables, inventory
+    return variables, inventory, (hosts[HOST].address, pf.python, host.vars.api_port)
 
 
 def main() -> int:
@@ -109,7 +164,7 @@ def main() -> int:
     ap.add_argument("--skip-up", action="store_true")
     args = ap.parse_args()
     bring_up_lab("vs_ansible.py", args.skip_up)
-    variables, inventory = playbook_vars(args.health_retries)
+    variables, inventory, watch_at = playbook_vars(args.health_retries)
     work = Path(tempfile.mkdtemp(prefix="fleetspec-vs-ansible-"))
     (work / "vars.json").write_text(json.dumps(variables))
     (work / "inventory.json").write_text(json.dumps(inventory))
@@ -121,7 +176,8 @@ def main() -> int:
         return timed(cmd, env)
 
     rows: dict[str, list] = {k: [] for k in ("fs_deploy", "fs_engine", "ans_deploy", "fs_rollback", "ans_rollback",
-                                             "fs_failed", "ans_failed", "fs_status", "ans_status")}
+                                             "fs_failed", "ans_failed", "fs_status", "ans_status",
+                                             "fs_down", "ans_down", "fs_failed_down", "ans_failed_down")}
 
     def need(result, rc: int, what: str) -> float:
         if result[0] != rc:
@@ -130,20 +186,26 @@ def main() -> int:
         return result[1]
 
     for _ in range(args.runs):
-        r = fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+        r, down = watched(*watch_at, lambda: fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json"))
         rows["fs_deploy"].append(need(r, 0, "fleetspec deploy"))
+        rows["fs_down"].append(down)
         rows["fs_engine"].append(json.loads(r[2].strip().splitlines()[-1])["engine_wait_s"])
         rows["fs_rollback"].append(need(fs("rollback", HOST, "--json"), 0, "fleetspec rollback"))
-        rows["ans_deploy"].append(need(ans("deploy.yml"), 0, "ansible deploy"))
+        r, down = watched(*watch_at, lambda: ans("deploy.yml"))
+        rows["ans_deploy"].append(need(r, 0, "ansible deploy"))
+        rows["ans_down"].append(down)
         rows["ans_rollback"].append(need(ans("rollback.yml"), 0, "ansible rollback"))
         rows["fs_status"].append(need(fs("status", HOST, OTHER, "--json"), 0, "fleetspec status"))
         rows["ans_status"].append(need(ans("status.yml"), 0, "ansible status"))
     need(fs("lab", "fault", HOST, "crash_at_start", "only_algorithm=DDTREE"), 0, "lab fault")
     try:
         for _ in range(args.runs):
-            rows["fs_failed"].append(need(fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json"), 1,
-                                          "fleetspec failed deploy"))
-            rows["ans_failed"].append(need(ans("deploy.yml"), 2, "ansible failed deploy"))
+            r, down = watched(*watch_at, lambda: fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json"))
+            rows["fs_failed"].append(need(r, 1, "fleetspec failed deploy"))
+            rows["fs_failed_down"].append(down)
+            r, down = watched(*watch_at, lambda: ans("deploy.yml"))
+            rows["ans_failed"].append(need(r, 2, "ansible failed deploy"))
+            rows["ans_failed_down"].append(down)
     finally:
         fs("lab", "fault", HOST, "--clear")
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -163,7 +225,14 @@ def table(m: dict, runs: int) -> str:
         lines.append(f"| {label} | {m[a]:.2f} | {m[b]:.2f} | {m[a] / m[b]:.2f} |")
     fo, ao = m["fs_deploy"] - load, m["ans_deploy"] - load
     lines += ["", f"Deploy overhead beyond the engine's restart and load ({load:.2f} s, fleetspec's measured wait): "
-                  f"fleetspec {fo:.2f} s, Ansible {ao:.2f} s, ratio {fo / ao:.2f} (target ≤ 0.3)."]
+                  f"fleetspec {fo:.2f} s, Ansible {ao:.2f} s, ratio {fo / ao:.2f} (target ≤ 0.3).", "",
+              "Service down (ct129's /health not 200, seen from the host every 50 ms) during:", "",
+              "| deploy | fleetspec s | Ansible s | ratio | fleetspec beyond the engine's load s | Ansible beyond it s |",
+              "|---|---|---|---|---|---|"]
+    lines.append(f"| deploy, no gates | {m['fs_down']:.2f} | {m['ans_down']:.2f} | {m['fs_down'] / m['ans_down']:.2f} "
+                 f"| {m['fs_down'] - load:.2f} | {m['ans_down'] - load:.2f} |")
+    lines.append(f"| failed deploy (crash at start), until NEXTN answers again | {m['fs_failed_down']:.2f} "
+                 f"| {m['ans_failed_down']:.2f} | {m['fs_failed_down'] / m['ans_failed_down']:.2f} | - | - |")
     return "\n".join(lines)
 
 
