@@ -96,10 +96,13 @@ def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
         if systemd.exited(unit, since):
             return ProbeResult(False, "unit", f"{service} exited: {unit.describe()}", waited,
                                {"unit": unit.active_state, "result": unit.result, "exit_status": unit.main_status})
-        ready = _get(t, spec, "/ready")
-        if ready is not None and ready[0] == 200:
-            return _after_ready(t, spec, waited)
-        last = f"/ready {ready[0]}" if ready else "/ready: connection refused"
+        if not systemd.started_since(unit, since):
+            last = "the restart has not replaced the old process yet"
+        else:
+            ready = _get(t, spec, "/ready")
+            if ready is not None and ready[0] == 200:
+                return _after_ready(t, spec, waited)
+            last = f"/ready {ready[0]}" if ready else "/ready: connection refused"
         progress(f"waiting for {service}: {unit.active_state}/{unit.sub_state}, {last}, "
                  f"{waited:.0f}s of {spec.ready_timeout:.0f}s")
         if waited >= spec.ready_timeout:
@@ -107,8 +110,10 @@ def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
         pause = min(delay, max(0.0, spec.ready_timeout - waited))
         if stream.ended:
             time.sleep(pause)
-        else:                          # a unit exit during the pause ends it at once
-            stream.watch(pause, lambda u: systemd.exited(u, since))
+        else:                          # a unit exit, or the new process starting, ends it at once
+            replaced = systemd.started_since(unit, since)
+            stream.watch(pause, lambda u, replaced=replaced: systemd.exited(u, since) or
+                         (not replaced and systemd.started_since(u, since)))
         delay = min(delay * 1.5, max(spec.interval, POLL_CAP_S))
 
 

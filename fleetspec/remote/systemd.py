@@ -228,6 +228,14 @@ def restart(t: TransportLike, service: str) -> Restarted:
     return Restarted(before.n_restarts, before.main_start_us)
 
 
+def started_since(unit: UnitWatch, since: Restarted | None) -> bool:
+    """True once the unit's main process is a new one, started after `since` (our restart):
+    until then the process answering on the port may be the old one, still serving or draining,
+    and its /ready or /health says nothing about the release (`restart --no-block` only queues
+    the job). No restart of ours to compare with: whatever runs is the one to probe."""
+    return since is None or unit.main_start_us > since.main_start_us
+
+
 def exited(unit: UnitWatch, since: Restarted | None) -> bool:
     """True when the unit can no longer become ready without another start: it failed, systemd
     restarted it since `since`, or the main process started after `since` exited or waits for

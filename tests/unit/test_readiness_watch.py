@@ -163,3 +163,66 @@ def _state_cmd(tmp_path, active, sub, start):
             f"ExecMainStatus=1\nExecMainStartTimestampMonotonic={start}\nExecMainExitTimestampMonotonic=0\n")
     tmp = shlex.quote(str(tmp_path / "state.tmp"))
     return f"printf %s {shlex.quote(text)} > {tmp} && mv {tmp} {shlex.quote(str(tmp_path / 'state'))}"
+
+
+def test_the_old_process_answering_ready_is_not_taken_for_the_new_one(t, tmp_path):
+    """`restart --no-block` only queues the job: for a moment the old engine still answers /ready
+    200 (and then /health 503 while it drains, or 200 with the same algorithm on a ddtree to
+    ddtree change). The wait probes nothing until the unit's main process is a new one (a lab
+    bench once failed a good release on the old engine's draining /health)."""
+    import http.server
+    import json
+    import threading
+    import time
+
+    from fleetspec.ops import probes
+
+    mode = {"new": False}
+    asked = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def _send(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            asked.append((mode["new"], self.path))
+            if self.path == "/server_info":
+                self._send(200, {"speculative_algorithm": "DDTREE" if mode["new"] else "NEXTN"})
+            else:
+                self._send(200 if mode["new"] or self.path == "/ready" else 503, {})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self._send(200, {"text": " Paris", "meta_info": {"completion_tokens": 1}})
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    path = _state_file(tmp_path, "active", "running", start=BEFORE.main_start_us)   # the old process
+
+    def replaced():
+        time.sleep(1.5)
+        mode["new"] = True
+        _state_file(tmp_path, "active", "running", start=3_000)
+
+    threading.Thread(target=replaced, daemon=True).start()
+    said = []
+    stream = systemd.UnitStream(t, "svc", 30, show=f"cat {path}")
+    spec = probes.ProbeSpec(port=httpd.server_address[1], expected_algorithm="DDTREE", ready_timeout=20, interval=0.2)
+    try:
+        result = probes._wait(t, "svc", spec, BEFORE, said.append, time.monotonic, stream)
+    finally:
+        stream.close()
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.ok, result
+    assert asked and all(new for new, _ in asked), asked        # nothing asked of the old process
+    assert any("has not replaced the old process" in line for line in said), said
+    assert result.waited_s < 6, result.waited_s                 # woken by the new process, not a long poll
