@@ -273,7 +273,7 @@ def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
     reply with no timeout) until TCP gave up, ~15 min later. Data unacknowledged for this long
     now ends the connection, which wakes every waiter with an error; keepalive probes find a dead
     idle link the same way."""
-    seconds = max(30, int(3 * connect_timeout))
+    seconds = max(5, int(3 * connect_timeout))     # 30 s at the default connect_timeout (10 s)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, seconds * 1000)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

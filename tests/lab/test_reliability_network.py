@@ -22,8 +22,9 @@ from tests.lab import reliability_lab as R
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
-# With a 15 s command timeout and TCP_USER_TIMEOUT at 45 s, a lost host must be given up on well
-# within this; past it the deploy is stuck, and its stacks (SIGUSR1) go into the failure message.
+# With a 15 s command timeout and a 5 s connect timeout (TCP_USER_TIMEOUT 15 s), a lost host must be
+# given up on well within this; past it the deploy is stuck, and its stacks (SIGUSR1) go into the
+# failure message.
 GIVE_UP_WITHIN = 240
 
 
@@ -34,10 +35,10 @@ def rel(lab_fleet, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def netroot(rel, tmp_path_factory):
-    """Same fleet, 15 s command timeout: a lost host is given up on sooner (file transfers: 15 s
-    without progress)."""
+    """Same fleet, 15 s command timeout and 5 s connect timeout: a lost host is given up on sooner
+    (file transfers: 15 s without progress; unacknowledged data: 3 x the connect timeout)."""
     return R.make_root(tmp_path_factory.mktemp("netroot"), rel.fleet.hosts,
-                       playbooks={"ddtree.yaml": R.quick_smoke}, defaults={"command_timeout": 15})
+                       playbooks={"ddtree.yaml": R.quick_smoke}, defaults={"command_timeout": 15, "connect_timeout": 5})
 
 
 def _continue_then_cut(proc, host, *, settle: float, rate_limit: bool = False):
