@@ -1,9 +1,35 @@
 #!/usr/bin/env bash
-# The test command: installs what it needs (scripts/setup.sh), then runs the whole suite,
-# unit tests and the end-to-end lab tests on real containers.
+# The test command: installs what it needs (scripts/setup.sh), then runs the whole suite: the
+# end-to-end lab tests (one at a time: they share the lab's hosts) and, beside them, the unit tests
+# at a lower CPU priority. The lab tests spend most of their time waiting on engines and timeouts
+# (load ~1 on 2 cores), so the unit tests fit in the idle CPU. Arguments go to both runs; the unit
+# run's output follows the lab run's. Naming test paths (`bash scripts/test.sh tests/unit -q`)
+# runs just those, in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 bash scripts/setup.sh
 echo "test: set-up took $((SECONDS - t0))s (cache ${FLEETSPEC_CACHE:-/var/cache/fleetspec})"
-exec python3 -m pytest -p no:cacheprovider "$@"
+for arg in "$@"; do
+  case $arg in -*) ;; *) if [ -e "${arg%%::*}" ]; then exec python3 -m pytest -p no:cacheprovider "$@"; fi ;; esac
+done
+unit_out=$(mktemp /var/tmp/fleetspec-unit-tests.XXXXXX)
+unit_pid=
+trap 'if [ -n "$unit_pid" ]; then kill -INT "$unit_pid" 2>/dev/null || true; fi; rm -f "$unit_out"' EXIT
+t1=$SECONDS
+nice -n 10 python3 -m pytest -p no:cacheprovider tests/unit "$@" >"$unit_out" 2>&1 &
+unit_pid=$!
+(  # one line as soon as the unit tests end, so a broken build shows before the lab tests do
+  while kill -0 "$unit_pid" 2>/dev/null; do sleep 5; done
+  echo "test: unit tests ended after $((SECONDS - t1))s: $(tail -n 1 "$unit_out" 2>/dev/null)"
+) &
+lab_rc=0
+python3 -m pytest -p no:cacheprovider tests/lab "$@" || lab_rc=$?
+echo "test: lab tests took $((SECONDS - t1))s (exit $lab_rc)"
+unit_rc=0
+wait "$unit_pid" || unit_rc=$?
+unit_pid=
+echo "test: unit tests (run beside the lab tests, nice 10), exit $unit_rc:"
+cat "$unit_out"
+echo "test: all took $((SECONDS - t0))s"
+[ "$lab_rc" -eq 0 ] && [ "$unit_rc" -eq 0 ]
