@@ -146,9 +146,9 @@ FAULTS = [
 @pytest.mark.parametrize("fault,failed_step", FAULTS)
 def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_step):
     fs(lab_fleet, "lab", "fault", HOST, *fault, "only_algorithm=DDTREE", check_rc=0)
-    # A hung start is found only at the host's ready_timeout: 45 s here (the lab's 120 s is for
+    # A hung start is found only at the host's ready_timeout: 30 s here (the lab's 120 s is for
     # loaded machines), which still leaves the baseline's ~10 s load three times its time.
-    with ready_timeout(lab_fleet, 45 if fault == ["hang_at_start"] else None):
+    with ready_timeout(lab_fleet, 30 if fault == ["hang_at_start"] else None):
         r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--json")
     assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])

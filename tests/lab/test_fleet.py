@@ -12,6 +12,7 @@ import pytest
 
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
+from tests.lab import reliability_lab as R
 from tests.lab.labtools import fs, json_rows, ledger
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -74,10 +75,18 @@ def test_whole_fleet_moves_to_ddtree_with_gate_figures(fleet_on_baseline):
     assert "tok/step" in h.stdout               # the headline acceptance figure, with its unit
 
 
-def test_slow_release_fails_the_throughput_gate_and_reverts(fleet_on_baseline):
+def _throughput_gate_only(data: dict) -> dict:
+    """The playbook's throughput gate alone, at c=1 on 4 requests: what the slow-release test is
+    about, without a 4x slowed DDTree also measured for acceptance, parity and c=4."""
+    data["gates"] = {"throughput": {**data["gates"]["throughput"], "concurrency": [1], "requests": 4}}
+    return data
+
+
+def test_slow_release_fails_the_throughput_gate_and_reverts(fleet_on_baseline, tmp_path):
     fleet = fleet_on_baseline
+    root = R.make_root(tmp_path / "root", fleet.hosts, playbooks={"ddtree.yaml": _throughput_gate_only})
     fs(fleet, "lab", "fault", OTHER, "slow_tokens=4", "only_algorithm=DDTREE", check_rc=0)
-    r = fs(fleet, "deploy", OTHER, "--algo", "ddtree", "--yes", "--json")
+    r = R.fs(root, "deploy", OTHER, "--algo", "ddtree", "--yes", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"] == "rolled_back" and out["failed_step"] == "gates"

@@ -64,7 +64,8 @@ def ps_files(fn):
 def _copy_kernel(root: Path) -> Path:
     from fleetspec.model.kernel import built_kernels
 
-    build = built_kernels(R.ROOT / "playbooks" / "ddtree" / "kernels" / "tree_mask")[0]
+    # the lab hosts' CPU build: a cache that also holds a CUDA build (FLEETSPEC_CUDA_BUILD=1) may list it first
+    build = next(k for k in built_kernels(R.ROOT / "playbooks" / "ddtree" / "kernels" / "tree_mask") if k.abi.cuda == "cpu")
     dest = root / "playbooks" / "badk" / "tree_mask"
     shutil.copytree(build.spec.root, dest)
     pb = root / "playbooks" / "ddtree.yaml"
