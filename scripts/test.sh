@@ -17,7 +17,7 @@ unit_out=$(mktemp /var/tmp/fleetspec-unit-tests.XXXXXX)
 unit_pid=
 trap 'if [ -n "$unit_pid" ]; then kill -INT "$unit_pid" 2>/dev/null || true; fi; rm -f "$unit_out"' EXIT
 t1=$SECONDS
-nice -n 10 python3 -m pytest -p no:cacheprovider tests/unit "$@" >"$unit_out" 2>&1 &
+nice -n 19 python3 -m pytest -p no:cacheprovider tests/unit "$@" >"$unit_out" 2>&1 &
 unit_pid=$!
 (  # one line as soon as the unit tests end, so a broken build shows before the lab tests do
   while kill -0 "$unit_pid" 2>/dev/null; do sleep 5; done
@@ -29,7 +29,7 @@ echo "test: lab tests took $((SECONDS - t1))s (exit $lab_rc)"
 unit_rc=0
 wait "$unit_pid" || unit_rc=$?
 unit_pid=
-echo "test: unit tests (run beside the lab tests, nice 10), exit $unit_rc:"
+echo "test: unit tests (run beside the lab tests, nice 19), exit $unit_rc:"
 cat "$unit_out"
 echo "test: all took $((SECONDS - t0))s"
 [ "$lab_rc" -eq 0 ] && [ "$unit_rc" -eq 0 ]
