@@ -14,9 +14,8 @@ from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.rendering import dropin_text
 from fleetspec.ops.staging import sha
-from fleetspec.remote import facts, files
+from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import file_text, link_target
 from fleetspec.remote.lock import RemoteLock
 
 if TYPE_CHECKING:
@@ -68,18 +67,6 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
         gates=pf.gate_names(), previous=previous,
         launch=json.loads(pf.redact(json.dumps(pf.launch.to_dict()))) if pf.launch else None,
     )
-
-
-def prune(t: TransportLike, state: HostState, keep: int, protect=()) -> list[str]:
-    """Remove what prune_candidates names, reading `current` and the ledger in one round trip first
-    (a deploy knows both already: it uses prune_candidates and prune_script instead)."""
-    link, text = facts.gather_many(state.io, [(link_target, {"path": str(state.layout.current)}),
-                                              (file_text, {"path": str(state.layout.ledger)})], errors="raise")
-    old = prune_candidates(L.parse(text or "").releases(), state.current(link), keep, protect)
-    for rid in old:
-        files.rm_tree(t, str(state.layout.release(rid)))
-        state.record(L.Entry.status(rid, L.PRUNED))
-    return old
 
 
 def prune_candidates(statuses: dict[str, str], current: str | None, keep: int, protect=()) -> list[str]:

@@ -26,7 +26,7 @@ from fleetspec.ops.activation import (
                                       restore_baseline_files,
                                       revert_to,
 )
-from fleetspec.ops.planning import Plan, plan, prune
+from fleetspec.ops.planning import Plan, plan
 from fleetspec.ops.rendering import (
                                       _env,
                                       dropin_text,
@@ -42,5 +42,5 @@ from fleetspec.remote.release_files import in_place_apply, in_place_undo
 __all__ = ["SECRETS_FILE", "Plan", "_SMOKE_RUNNER", "_env", "activate",
            "deactivate", "dropin_text", "env_file_text", "exec_start_mismatch", "expected_algorithm", "in_place_apply",
            "in_place_undo", "journal_tail", "kernel_path", "leave", "lint_unit", "loaded_exec_start_mismatch", "plan",
-           "prune", "release_dropin_candidates", "render_release", "restore_baseline_files", "revert_to",
+           "release_dropin_candidates", "render_release", "restore_baseline_files", "revert_to",
            "rollback_script", "run_smoke_scripts", "smoke", "stage"]

@@ -123,12 +123,6 @@ def parse_sha256sum(stdout: str) -> dict[str, str]:
     return out
 
 
-def missing_objects(store: str, digests: list[str]) -> str:
-    """Which content-addressed objects the host lacks: prints one digest per line."""
-    names = " ".join(q(d) for d in digests)
-    return f"mkdir -p {q(store)} && for d in {names}; do [ -e {q(store)}/$d ] || echo $d; done"
-
-
 # Run over a transport ----------------------------------------------------------------------------
 ABSENT = "__FLEETSPEC_ABSENT__"
 
@@ -190,11 +184,6 @@ def make_scratch(t: TransportLike, rundir: str = RUN_DIR) -> str:
     return lines[-1] if lines else ""
 
 
-def missing_from_store(t: TransportLike, store: str, digests: list[str]) -> list[str]:
-    """The content-addressed objects the host lacks."""
-    return t.run_script(missing_objects(store, digests), timeout=60, check=True).stdout.split()
-
-
 def append_private_lines(t: TransportLike, folder: str, path: str, lines: list[str], guard: str = "") -> CommandResult:
     """Append lines (each its own append_line write, in order) to `path` in the root-only `folder`,
     made if needed, in one command. A `guard` (a shell test that must pass first, e.g. the lock's)
@@ -237,13 +226,6 @@ def rename_into_place(t: TransportLike, tmp: str, final: str, *, replace: bool) 
                      f"mv -T -- {q(tmp)} {base} && sync -- {folder} && rm -rf -- {old}", timeout=30, check=True)
     else:
         t.run_script(f"[ ! -e {base} ] && mv -T -- {q(tmp)} {base} && sync -- {folder}", timeout=30, check=True)
-
-
-def publish_tree(t: TransportLike, tmp: str, final: str) -> None:
-    """One syncfs for a whole tree (thousands of links) before it takes its final name over any
-    earlier one, then the rename itself, fsynced: a reader of `final` sees a whole tree or none."""
-    t.run_script(f"sync -f -- {q(tmp)} && rm -rf -- {q(final)} && mv -T -- {q(tmp)} {q(final)} && "
-                 f"{fsync(parent(final))}", timeout=120, check=True)
 
 
 def run_python(t: TransportLike, python: str, code: str, args=(), *, env: dict | None = None,

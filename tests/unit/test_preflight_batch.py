@@ -49,11 +49,12 @@ def test_gather_host_is_one_command_and_read_service_refuses_from_it(tmp_path, s
         t.close()
 
 
-def test_prune_reads_current_and_the_ledger_in_one_command(t, tmp_path, seen):
-    """keep 1 of three healthy releases: the one `current` points at and the newest stay; the reads
-    are one command, then one rm and one ledger line for the pruned release."""
+def test_the_deploys_prune_is_one_command(t, tmp_path, seen):
+    """keep 1 of three healthy releases: the one `current` points at and the newest stay. The deploy
+    knows the ledger and `current` (read under the lock), so nothing is read: one command removes
+    the other release and appends its PRUNED line."""
     from fleetspec.model import ledger as L
-    from fleetspec.ops import switching
+    from fleetspec.ops import planning
     from fleetspec.ops.hoststate import HostState
 
     root = tmp_path / "state"
@@ -64,8 +65,10 @@ def test_prune_reads_current_and_the_ledger_in_one_command(t, tmp_path, seen):
     (base / "current").symlink_to(base / "releases" / ids[0])
     (base / "ledger.jsonl").write_text("".join(L.Entry.status(r, L.HEALTHY).to_line() + "\n" for r in ids))
     state = HostState(t, "h", "sglang-test.service", root=root)
-    assert switching.prune(t, state, keep=1) == [ids[1]]
-    assert len(seen) == 3, seen                       # the batched read, rm, the "pruned" line
+    old = planning.to_prune(state, (base / "ledger.jsonl").read_text(), ids[0], keep=1)
+    script, lines = planning.prune_script(state, old)
+    assert planning.pruned_by(t.run_script(script).stdout, lines) == [ids[1]]
+    assert len(seen) == 1, seen
     assert [(base / "releases" / r).is_dir() for r in ids] == [True, False, True]
     assert state.ledger().releases()[ids[1]] == L.PRUNED
 

@@ -50,14 +50,6 @@ def test_sha256_of_lists_only_existing_files(tmp_path):
     assert files.parse_sha256sum(out) == {str(tmp_path / "x"): hashlib.sha256(b"x").hexdigest()}
 
 
-def test_missing_objects_names_only_absent_digests(tmp_path):
-    store = tmp_path / "objects"
-    store.mkdir()
-    (store / ("a" * 64)).write_bytes(b"")
-    out = bash(files.missing_objects(str(store), ["a" * 64, "b" * 64])).stdout.split()
-    assert out == ["b" * 64]
-
-
 def test_lock_is_exclusive_names_its_holder_and_frees_when_the_holder_goes(tmp_path):
     lock = str(tmp_path / "svc" / "lock")
     holder = Holder(who="alice", machine="m1", pid=4242, since=1.0, release="r1", controller="c1", token="t1")

@@ -55,19 +55,12 @@ def test_rename_into_place_new_and_replace(t, tmp_path):
     assert (final / "v").read_text() == "2" and not (tmp_path / "base" / "baseline.old").exists()
 
 
-def test_publish_tree_rm_tree_and_store(t, tmp_path):
-    store = tmp_path / "objects"
-    store.mkdir()
-    digest = hashlib.sha256(b"payload").hexdigest()
-    (store / digest).write_bytes(b"payload")
-    assert files.missing_from_store(t, str(store), [digest, "b" * 64]) == ["b" * 64]
-    tmp, final = str(tmp_path / "rel.tmp"), str(tmp_path / "rel")
-    os.makedirs(f"{tmp}/patch/pkg")
-    (store / digest).rename(f"{tmp}/patch/pkg/mod.py")
-    files.publish_tree(t, tmp, final)
-    assert (tmp_path / "rel" / "patch" / "pkg" / "mod.py").read_bytes() == b"payload" and not os.path.exists(tmp)
-    files.rm_tree(t, final)
-    assert not os.path.exists(final)
+def test_rm_tree(t, tmp_path):
+    final = tmp_path / "rel"
+    (final / "patch" / "pkg").mkdir(parents=True)
+    (final / "patch" / "pkg" / "mod.py").write_bytes(b"payload")
+    files.rm_tree(t, str(final))
+    assert not final.exists()
 
 
 def test_run_python_starts_in_the_private_run_folder(t, tmp_path):

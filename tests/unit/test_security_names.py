@@ -94,8 +94,10 @@ def test_prune_never_follows_a_release_id_out_of_releases(t, tmp_path):
     (base / "ledger.jsonl").write_text("".join(L.Entry.status(r, L.HEALTHY).to_line() + "\n" for r in ids))
     state = HostState(t, "h", SERVICE, root=root)
     ledger = (base / "ledger.jsonl").read_text()
-    assert planning.to_prune(state, ledger, ids[2], keep=1) == [ids[0]]   # a deploy's prune: no read
-    assert switching.prune(t, state, keep=1) == [ids[0]]
+    old = planning.to_prune(state, ledger, ids[2], keep=1)              # a deploy's prune: no read
+    assert old == [ids[0]]
+    script, lines = planning.prune_script(state, old)
+    assert planning.pruned_by(t.run_script(script).stdout, lines) == [ids[0]]
     assert (victim / "keep").read_text() == "x" and (base / "releases" / ids[2]).is_dir()
 
 
