@@ -45,6 +45,7 @@ from fleetspec.ops.preflight_checks import (  # noqa: F401
     effective_argv,
     gather_unit,
     gather_unit_and_files,
+    holder_first,
     installed_hashes,
     kernel_facts,
     load_kernels,
@@ -279,7 +280,8 @@ def _or_none(value):
 
 def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, got: dict | None = None) -> ServiceRead:
     """The unit, its files and ExecStart, refusing a missing, hand-edited, orphaned, interrupted or
-    stopped service before anything is locked or written. `got`: gather_host's facts (else read)."""
+    stopped service before anything is locked or written (a host a live holder is changing: the
+    lock's refusal, see holder_first). `got`: gather_host's facts (else read)."""
     service = host.vars.service
     state = HostState(t, host.name, service)
     got = gather_host(t, host) if got is None else got
@@ -287,22 +289,23 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
     if unit.load_state != "loaded" or not unit.fragment_path:
         raise UserError(f"{host.name}: service {service} not found (LoadState={unit.load_state}); "
                         f"check vars.service in {host.inventory_path}")
-    unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
-    check_orphan_dropin(state, unit, host, files_fact.baseline_json)
-    try:
-        command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
-    except ValueError as err:
-        raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
-    form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
-    check_dropin_order(unit, host, service)
-    overriding = admin_exec_start_dropins(unit, dropin_texts)
-    check_interrupted(state, host.name, L.parse(_raised(got["ledger"]) or ""), lock=str(state.layout.lock))
-    mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
-    check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
-                     baseline_text=files_fact.baseline_json)
-    if unit.active_state != "active":
-        raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
-                             f"moves a running service", f"ssh {host.address} systemctl status {service}")
+    with holder_first(t, str(state.layout.lock)):
+        unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
+        check_orphan_dropin(state, unit, host, files_fact.baseline_json)
+        try:
+            command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
+        except ValueError as err:
+            raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
+        form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
+        check_dropin_order(unit, host, service)
+        overriding = admin_exec_start_dropins(unit, dropin_texts)
+        check_interrupted(state, host.name, L.parse(_raised(got["ledger"]) or ""))
+        mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
+        check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
+                         baseline_text=files_fact.baseline_json)
+        if unit.active_state != "active":
+            raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
+                                 f"moves a running service", f"ssh {host.address} systemctl status {service}")
     return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding)
 
 

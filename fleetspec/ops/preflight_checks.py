@@ -5,6 +5,8 @@ reads they need (unit files, installed hashes, kernels). Nothing here changes a 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import NeedsAttention, UserError
@@ -102,24 +104,33 @@ def check_orphan_dropin(state: HostState, unit, host, baseline_text: str | None 
             f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
 
 
-def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None = None,
-                      lock: str | None = None) -> None:
+def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None = None) -> None:
     """A deploy that died after `switch` leaves the host on a release nobody proved: refuse until
     `rollback` has finished it. One that died before `switch` changed nothing that runs: mark it.
-    `ledger`: the ledger already read under the same lock (one read for this and abandon_unswitched).
-    `lock` (a look without holding it): a switched deploy whose holder still holds the lock is in
-    flight, not interrupted; the refusal names the holder, as the lock itself would."""
+    `ledger`: the ledger already read under the same lock (one read for this and abandon_unswitched)."""
     ledger = ledger if ledger is not None else state.ledger()
     for rid in ledger.interrupted():
         status = ledger.releases()[rid]
         last = ledger.last_step(rid)
         where = f"at step {last.name} ({last.state})" if last else "before its first step"
         if status == L.SWITCHED:
-            held = lock_mod.busy(state.t, lock) if lock is not None else None
-            if held is not None:
-                raise held
             raise NeedsAttention(f"{host}: deploy {rid} was interrupted {where} after switching the service",
                                  f"fleetspec rollback {host}")
+
+
+@contextmanager
+def holder_first(t, lock: str) -> Iterator[None]:
+    """A look without the lock: a host that a live deploy or rollback is changing looks like one
+    needing attention (a switched release not yet proved, its service mid-restart). Then the
+    refusal is the lock's (exit 2, naming the holder), never an operator sent to repair a change
+    still in flight; with the lock free, the NeedsAttention stands."""
+    try:
+        yield
+    except NeedsAttention:
+        held = lock_mod.busy(t, lock)
+        if held is not None:
+            raise held from None
+        raise
 
 
 def check_unit_drift(state: HostState, host: str, service: str, unit_bytes: bytes, dropins: dict,

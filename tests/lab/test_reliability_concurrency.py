@@ -125,6 +125,16 @@ def test_live_holder_is_never_stolen_and_a_dead_one_never_blocks(rel):
             assert r.returncode == 2 and f"pid {sleeper.pid}" in r.stderr, (args, r.stderr)
             R.count("lock: refused a live holder")
         assert not rel.lab.lock_free(host, wait=0)          # still held: never stolen
+        # What a deploy sees of a host a live holder is changing (here: its service stopped) is the
+        # holder's business: refused at the lock (exit 2, naming it), never "needs attention" (3).
+        rel.lab.sh(host, f"systemctl stop {R.SERVICE}")
+        try:
+            r = R.fs(rel.root, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates")
+            assert r.returncode == 2 and f"pid {sleeper.pid}" in r.stderr, (r.returncode, r.stderr)
+            R.count("lock: refused a live holder")
+        finally:
+            rel.lab.sh(host, f"systemctl start {R.SERVICE}")
+        R.wait_healthy(rel.root, host)
         os.kill(sleeper.pid, signal.SIGKILL)               # the holder dies; its session lives on
         sleeper.wait()
         s = R.status(rel.root, host)

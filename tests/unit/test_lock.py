@@ -270,11 +270,12 @@ def test_a_steps_ok_line_travels_with_the_next_line_in_one_command_in_order(t, t
 
 
 def test_a_switched_deploy_in_flight_is_named_by_its_lock_not_called_interrupted(t, tmp_path, monkeypatch):
-    """Preflight's read-only look: a switched deploy whose controller still holds the lock (it is
-    in its probes) is refused with the holder's name, never "interrupted, run rollback"; once the
-    lock is free the same ledger is an interrupted deploy that needs a rollback."""
+    """Preflight's read-only look (holder_first around its checks): a switched deploy whose
+    controller still holds the lock (it is in its probes) is refused with the holder's name, never
+    "interrupted, run rollback"; once the lock is free the same ledger is an interrupted deploy
+    that needs a rollback."""
     from fleetspec.errors import NeedsAttention
-    from fleetspec.ops.preflight_checks import check_interrupted
+    from fleetspec.ops.preflight_checks import check_interrupted, holder_first
 
     monkeypatch.setenv(ENV, A)
     state = _state(t, tmp_path)
@@ -285,12 +286,18 @@ def test_a_switched_deploy_in_flight_is_named_by_its_lock_not_called_interrupted
     try:
         monkeypatch.setenv(ENV, B)
         with pytest.raises(UserError, match=rf"{lock} is held by .*release 20990101T000000Z-inflight") as err:
-            check_interrupted(state, "h", lock=lock)
+            with holder_first(t, lock):
+                check_interrupted(state, "h")
         assert not isinstance(err.value, NeedsAttention)
+        with pytest.raises(UserError, match="bad input") as err:       # only NeedsAttention defers to the lock
+            with holder_first(t, lock):
+                raise UserError("bad input")
+        assert "is held by" not in str(err.value)
     finally:
         held.__exit__(None, None, None)
     with pytest.raises(NeedsAttention, match="20990101T000000Z-inflight was interrupted"):
-        check_interrupted(state, "h", lock=lock)
+        with holder_first(t, lock):
+            check_interrupted(state, "h")
 
 
 def test_the_guard_holds_between_locked_and_the_holders_exec(t, tmp_path, monkeypatch):
