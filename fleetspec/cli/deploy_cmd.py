@@ -71,12 +71,6 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     sys.exit(max((o.exit_code for o in outcomes), default=0))
 
 
-# What --plan prints as the order; `ops.deploy.Deploy.run` is the order itself (the lab's kill
-# sweep, tests/lab/test_reliability_crash.py, pins it).
-STEP_ORDER = ("preflight", "lock", "baseline", "stage (smoke tests start, detached)", "render", "measure",
-              "smoke (their verdict)", "switch", "restart", "probes", "gates", "commit")
-
-
 def _print_plan(o) -> None:
     if o.plan is None:
         click.echo(f"{o.host}: {o.status}: {o.reason}")
@@ -106,7 +100,7 @@ def _print_plan(o) -> None:
     for path, digest in {**p["files"], **p["kernels"]}.items():
         click.echo(f"   {digest[:16]}  {path}")
     click.echo(f"-- smoke tests: {', '.join(p['smoke']) or 'none'}")
-    click.echo(f"-- steps: {' -> '.join(STEP_ORDER)}")
+    click.echo(f"-- steps: {' -> '.join(p['steps'])}")
     click.echo(f"-- gates: {', '.join(p['gates']) or 'none'}")
 
 

@@ -62,6 +62,11 @@ class Smoke:
     parse_args: bool = True
     kernels: bool = False
     ddtree_sample: bool = False
+    # before-switch: the verdict is awaited while the old engine still serves (a patch set that does
+    # not import on the host never takes the service down). beside-load: the switch does not wait;
+    # the verdict is awaited while the new engine loads, before its probes (a deploy costs about the
+    # engine's restart; a failing smoke test costs the service its revert: detection + one load).
+    when: str = "before-switch"
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,7 @@ def _patchsets(f: Fields, base: Path) -> Mapping[str, Path]:
 
 
 KERNEL_POLICIES = ("required", "optional")
+SMOKE_WHEN = ("before-switch", "beside-load")
 
 
 def _kernels(top: Fields, base: Path) -> tuple[Path, ...]:
@@ -296,7 +302,8 @@ def _existing_dir(f: Fields, key: str, rel: str, base: Path) -> Path:
 
 def _smoke(f: Fields) -> Smoke:
     s = Smoke(imports=f.str_list("imports"), parse_args=f.get("parse_args", bool, True),
-              kernels=f.get("kernels", bool, False), ddtree_sample=f.get("ddtree_sample", bool, False))
+              kernels=f.get("kernels", bool, False), ddtree_sample=f.get("ddtree_sample", bool, False),
+              when=f.choice("when", SMOKE_WHEN, Smoke.when))
     f.done()
     return s
 

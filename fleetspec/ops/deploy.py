@@ -26,6 +26,7 @@ from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import LockLost, RemoteLock
+from fleetspec.remote.systemd import UnitStream
 
 
 class StepFailed(FleetspecError):
@@ -99,6 +100,8 @@ class Deploy:
         self.smoke_run: smoke_run.SmokeRun | None = None        # started by stage, read by smoke
         self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
+        self.smoke_first = True            # the playbook's smoke.when: before-switch (else beside-load)
+        self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
 
     # The operation --------------------------------------------------------------------------
     def run(self) -> DeployOutcome:
@@ -109,6 +112,7 @@ class Deploy:
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
+        self.smoke_first = self.pf.playbook.smoke.when == "before-switch"
         with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
                         **self.state.lock_reads) as lock:
             self.lock = lock
@@ -120,12 +124,16 @@ class Deploy:
                     self.step("stage", self._stage)          # starts the smoke runner, detached
                     self.step("render", self._render)
                     self.step("measure", self._measure_before)
-                    self.step("smoke", self._smoke)          # waits for its verdict
+                    if self.smoke_first:
+                        self.step("smoke", self._smoke)      # its verdict, while the old engine serves
                     self.step("switch", self._switch)
                     self.step("restart", self._restart)
+                    if not self.smoke_first:
+                        self.step("smoke", self._smoke)      # its verdict, while the new engine loads
                     self.step("probes", self._probes)
                     self.step("gates", self._gates)
                 except StepFailed as failure:
+                    self._close_watch()
                     if not self.switched:
                         self._stop_smoke()
                         self._mark(L.FAILED, step=failure.step, reason=failure.reason)
@@ -290,9 +298,17 @@ class Deploy:
         self.watch, self.restarted = probes.restart_watched(self.t, self.service, self.spec)  # probes reads on
         return {"n_restarts_before": self.restarted.n_restarts}
 
+    def _close_watch(self) -> None:
+        """The restart's watch, when a step between the restart and the probes (a smoke verdict
+        beside the load) failed: the revert restarts again and watches for itself."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.close()
+
     def _probes(self) -> dict:
         began = time.monotonic()
-        result = probes.wait_healthy(self.t, self.service, self.spec, since=self.restarted, stream=self.watch,
+        watch, self.watch = self.watch, None          # wait_healthy closes it
+        result = probes.wait_healthy(self.t, self.service, self.spec, since=self.restarted, stream=watch,
                                      progress=self._progress)
         self.engine_wait += time.monotonic() - began
         self._progress(None)

@@ -40,6 +40,7 @@ class Plan:
     smoke: list[str] = field(default_factory=list)
     gates: list[str] = field(default_factory=list)
     launch: dict[str, Any] | None = None
+    steps: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,7 +67,18 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
         smoke=[name for name, _, _ in pf.smoke_scripts(kernels_dir="<release>/kernels")],
         gates=pf.gate_names(), previous=previous,
         launch=json.loads(pf.redact(json.dumps(pf.launch.to_dict()))) if pf.launch else None,
+        steps=step_order(pf.playbook.smoke.when),
     )
+
+
+def step_order(smoke_when: str) -> list[str]:
+    """The deploy's steps as --plan shows them; `ops.deploy.Deploy.run` is the order itself (the
+    lab's kill sweep, tests/lab/test_reliability_crash.py, pins it)."""
+    first = smoke_when == "before-switch"
+    return ["preflight", "lock", "baseline", "stage (smoke tests start, detached)", "render", "measure",
+            *(["smoke (their verdict)"] if first else []), "switch", "restart",
+            *([] if first else ["smoke (their verdict, beside the engine's load)"]),
+            "probes", "gates", "commit"]
 
 
 def prune_candidates(statuses: dict[str, str], current: str | None, keep: int, protect=()) -> list[str]:

@@ -165,6 +165,27 @@ def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_s
     assert steps[-1] == "revert"
 
 
+def test_a_smoke_test_failing_beside_the_load_reverts_to_nextn(lab_fleet, ct129, tmp_path):
+    """smoke.when: beside-load: the switch does not wait for the verdict; a smoke test that fails
+    while the new engine loads fails the deploy after the switch: reverted, byte for byte."""
+    from tests.lab import reliability_lab as R
+
+    def beside_load(data):
+        data["smoke"] = {"imports": ["sglang.srt.speculative.ddtree_utils", "fleetspec_lab_absent_module"],
+                         "when": "beside-load"}
+
+    root = R.make_root(tmp_path / "root", [HOST], playbooks={"ddtree.yaml": beside_load})
+    r = R.fs(root, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "rolled_back" and out["failed_step"] == "smoke", out
+    assert "fleetspec_lab_absent_module" in out["reason"], out
+    assert_on_baseline(lab_fleet, ct129)
+    assert release_story(lab_fleet, out["release"])[-3:] == ["switched", "failed", "rolled_back"]
+    steps = [(e["name"], e["state"]) for e in ledger(lab_fleet) if e["release"] == out["release"] and e["kind"] == "step"]
+    assert steps.index(("restart", "ok")) < steps.index(("smoke", "started")) < steps.index(("revert", "started")), steps
+
+
 @contextlib.contextmanager
 def ready_timeout(fleet, seconds: float | None):
     """ct129's extra.ready_timeout set to `seconds` in the lab inventory for the block."""

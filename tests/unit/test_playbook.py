@@ -49,7 +49,19 @@ def test_full_playbook_loads(pdir):
     assert pb.patchset_for("0.5.23") == pdir / "ddtree/patchsets/sglang-0.5.23"
     assert pb.kernels == (pdir / "ddtree/kernels/tree_mask",)
     assert pb.gates.throughput.concurrency == (1, 4) and pb.probes.generate.max_new_tokens == 16
-    assert pb.smoke.ddtree_sample is True
+    assert pb.smoke.ddtree_sample is True and pb.smoke.when == "before-switch"
+
+
+def test_smoke_beside_the_load_moves_its_verdict_after_the_restart(pdir):
+    from fleetspec.ops.planning import step_order
+
+    (pdir / "ddtree.yaml").write_text(FULL.replace("ddtree_sample: true}", "ddtree_sample: true, when: beside-load}"))
+    pb = load_playbook_for(pdir.parent, "ddtree")
+    assert pb.smoke.when == "beside-load"
+    before, beside = step_order("before-switch"), step_order(pb.smoke.when)
+    assert before.index("smoke (their verdict)") < before.index("switch")
+    assert beside.index("restart") < beside.index("smoke (their verdict, beside the engine's load)") < beside.index("probes")
+    assert sorted(step.split(" ")[0] for step in before) == sorted(step.split(" ")[0] for step in beside)
 
 
 def test_minimal_playbook(tmp_path):
@@ -72,6 +84,7 @@ def test_unknown_algo_lists_known(pdir):
     ("kernels: [ddtree/kernels/tree_mask]", "kernels: [ddtree/kernels/nope]", r"kernels\[0\]: folder"),
     ("option: verify", "option: verif", r"hybrid\.option: expected the name of an option"),
     ("parse_args: true", "parse_arg: true", r"smoke\.parse_arg: unknown key"),
+    ("parse_args: true", "parse_args: true, when: later", r"smoke\.when: expected one of before-switch, beside-load"),
     ("algo: ddtree", "algo: dflash", r"algo: expected 'ddtree'"),
     ("    - [--speculative-algorithm, DDTREE]", "    - [speculative-algorithm, DDTREE]", r"launch\.flags\[0\]\[0\]"),
     ("concurrency: [1, 4]", "concurrency: [1, 0]", r"gates\.throughput\.concurrency\[1\]"),
