@@ -143,6 +143,10 @@ def main() -> int:
                          "detected only at this deadline, so the row shows the revert beyond it")
     ap.add_argument("--skip-up", action="store_true", help="the lab is up already (ct129, ct200)")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from bench.counted import precompile
+
+    precompile()                  # byte-code as an installed fleetspec has it
     from vs_ansible import bring_up_lab  # bench/ is this script's folder
 
     bring_up_lab("speed.py", args.skip_up)

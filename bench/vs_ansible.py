@@ -174,6 +174,10 @@ def main() -> int:
     ap.add_argument("--ansible-playbook", default=shutil.which("ansible-playbook") or "ansible-playbook")
     ap.add_argument("--skip-up", action="store_true")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from bench.counted import precompile
+
+    precompile()                  # byte-code as an installed fleetspec has it
     bring_up_lab("vs_ansible.py", args.skip_up)
     variables, inventory, watch_at = playbook_vars(args.health_retries)
     work = Path(tempfile.mkdtemp(prefix="fleetspec-vs-ansible-"))
