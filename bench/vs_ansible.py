@@ -173,6 +173,9 @@ def main() -> int:
     ap.add_argument("--health-retries", type=int, default=30, help="deploy.yml's /health tries, one a second")
     ap.add_argument("--ansible-playbook", default=shutil.which("ansible-playbook") or "ansible-playbook")
     ap.add_argument("--skip-up", action="store_true")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="rounds of deploy and rollback by each tool, not recorded (the first deploy after "
+                         "`lab up` pays cold page caches: 24 s where the next took 14)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from bench.counted import precompile
@@ -202,6 +205,11 @@ def main() -> int:
         print(json.dumps({"what": what, "s": round(result[1], 2)}), flush=True)
         return result[1]
 
+    for _ in range(args.warmup):
+        need(fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json"), 0, "warm-up: fleetspec deploy")
+        need(fs("rollback", HOST, "--json"), 0, "warm-up: fleetspec rollback")
+        need(ans("deploy.yml"), 0, "warm-up: ansible deploy")
+        need(ans("rollback.yml"), 0, "warm-up: ansible rollback")
     for _ in range(args.runs):
         r, down = watched(*watch_at, lambda: fs("deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json"))
         rows["fs_deploy"].append(need(r, 0, "fleetspec deploy"))
@@ -240,7 +248,7 @@ def main() -> int:
 
 def table(m: dict, runs: int) -> str:
     load = m["fs_engine"]
-    lines = [f"Stand-in engine figures on ct129, median of {runs} runs each, one run of this script.", "",
+    lines = [f"Stand-in engine figures on ct129, median of {runs} runs each (after a warm-up round), one run of this script.", "",
              "| task | fleetspec s | Ansible s | ratio |", "|---|---|---|---|"]
     for label, a, b in (("deploy, no gates", "fs_deploy", "ans_deploy"),
                         ("deploy, no gates, smoke.when: beside-load", "fs_beside", "ans_deploy"),
