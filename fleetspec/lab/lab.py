@@ -104,12 +104,24 @@ def ensure_inotify(count: int, log=print) -> None:
         log(f"could not raise fs.inotify.max_user_instances to {need} ({err}); more than ~17 lab hosts may not boot")
 
 
+def _still_running(name: str, looks: int = 5) -> bool:
+    """Its process is there. One look can miss a booting host: /proc/<pid>/cmdline reads empty
+    while the process is in execve (unshare -> sh -> systemd-nspawn), and a CI run saw a host that
+    went on to boot fine declared stopped. Gone means gone at every look, 0.2 s apart."""
+    for i in range(looks):
+        if hosts.is_running(hosts.HostState.load(name)):
+            return True
+        if i + 1 < looks:
+            time.sleep(0.2)
+    return False
+
+
 def wait_ready(root: Path, name: str, address: str, timeout: float) -> None:
     """Poll (with backoff) until ssh answers and systemd says the boot finished."""
     deadline = time.monotonic() + timeout
     delay, last = 0.1, ""
     while time.monotonic() < deadline:
-        if not hosts.is_running(hosts.HostState.load(name)):
+        if not _still_running(name):
             raise UserError(f"lab host {name} stopped while booting; see {hosts.host_dir(name) / 'console.log'}")
         try:
             r = ssh.run(root, address, "systemctl is-system-running --wait", timeout=max(5, deadline - time.monotonic()))

@@ -9,77 +9,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
 from typing import Callable
 
 from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
-from fleetspec.model.inventory import Host
 from fleetspec.model.layout import local_mirror
-from fleetspec.model.playbook import Playbook
 from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import planning, probes, smoke_run, switching
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
+from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import LockLost, RemoteLock
 from fleetspec.remote.systemd import UnitStream
-
-
-class StepFailed(FleetspecError):
-    def __init__(self, step: str, reason: str, evidence: dict | None = None, command: str | None = None):
-        self.step, self.reason, self.evidence = step, reason, evidence or {}
-        self.command = command         # set: the host needs an operator (exit 3) before any deploy
-        super().__init__(f"{step}: {reason}")
-
-
-@dataclass
-class DeployRequest:
-    host: Host
-    playbook: Playbook
-    root: Path
-    mode: str = "release"
-    plan_only: bool = False
-    options: dict = field(default_factory=dict)
-    run_gates: bool = True
-    prune: bool = True                 # bench deploys keep the operator's releases untouched
-    pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
-    release_id: str | None = None      # a release --prestage staged on the host: used if still as planned
-
-
-class Outcome(StrEnum):
-    """How a deploy (or a rollback) ended; the values are what --json and the summary print."""
-    HEALTHY = "healthy"
-    ROLLED_BACK = "rolled_back"
-    PLANNED = "planned"
-    REFUSED = "refused"
-    NEEDS_ATTENTION = "needs_attention"
-    FAILED = "failed"
-
-
-@dataclass
-class DeployOutcome:
-    host: str
-    status: Outcome
-    release: str | None = None
-    failed_step: str | None = None
-    reason: str = ""
-    evidence: dict = field(default_factory=dict)
-    figures: dict = field(default_factory=dict)
-    plan: switching.Plan | None = None
-    seconds: float = 0.0
-    engine_wait_s: float = 0.0
-    exit_code: int = 0
-    revert_wait_s: float = 0.0         # a failed deploy's revert: the previous state's restart and load
-    step_seconds: dict = field(default_factory=dict)
-    previous: str | None = None        # what the service ran before this deploy: a release id or "baseline"
-    kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
-
-    def to_json(self) -> dict:
-        return {k: (v.to_dict() if isinstance(v, switching.Plan) else v) for k, v in self.__dict__.items()}
 
 
 class Deploy:
@@ -100,7 +43,7 @@ class Deploy:
         self.smoke_run: smoke_run.SmokeRun | None = None        # started by stage, read by smoke
         self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
-        self.smoke_first = True            # the playbook's smoke.when: before-switch (else beside-load)
+        self.smoke_first = req.playbook.smoke.when == "before-switch"   # else beside-load
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
 
     # The operation --------------------------------------------------------------------------
@@ -112,7 +55,6 @@ class Deploy:
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
-        self.smoke_first = self.pf.playbook.smoke.when == "before-switch"
         with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
                         **self.state.lock_reads) as lock:
             self.lock = lock

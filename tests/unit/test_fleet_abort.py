@@ -12,6 +12,7 @@ import pytest
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
+from fleetspec.model.playbook import Smoke
 from fleetspec.ops import fleet
 from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest, StepFailed
 from fleetspec.remote.transport import Transport
@@ -59,7 +60,7 @@ def test_a_deploy_outcome_names_the_release_the_host_was_on(t, tmp_path, monkeyp
         raise StepFailed("stage", "stopped here by the test")
     monkeypatch.setattr(Deploy, "_stage", stage)
     host = t.host
-    d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path),
+    d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path),
                echo=lambda line: None)
     d.state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
     d.state.write_baseline(Baseline(service="svc.service", unit_path="/etc/systemd/system/svc.service",

@@ -16,6 +16,7 @@ import pytest
 
 from fleetspec.identity import ENV
 from fleetspec.model import ledger as L
+from fleetspec.model.playbook import Smoke
 from fleetspec.ops.hoststate import PRELUDE_MARKER, HostState, LedgerWriteFailed
 from fleetspec.remote.lock import LockLost, RemoteLock, force_unlock
 
@@ -148,7 +149,7 @@ def test_a_deploy_whose_ledger_fails_at_the_next_steps_first_command_fails_the_s
 
     monkeypatch.setattr(deploy_mod.Deploy, "_baseline", baseline_step)
     monkeypatch.setattr(deploy_mod.Deploy, "_stage", lambda self: ran.append(self.t.run_script("echo staged")))
-    req = deploy_mod.DeployRequest(host=t.host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path)
+    req = deploy_mod.DeployRequest(host=t.host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path)
     d = deploy_mod.Deploy(t, req, echo=lambda line: None)
     d.state.layout = _state(t, tmp_path).layout
     out = d.run()

@@ -21,6 +21,7 @@ from fleetspec.identity import ENV, controller_id
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
+from fleetspec.model.playbook import Smoke
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote.lock import Holder, LockLost, RemoteLock, force_unlock, is_held, read_holder, record_path
 from fleetspec.remote.transport import Transport
@@ -183,7 +184,7 @@ def _deploy(t, host, tmp_path, monkeypatch, pf, baseline_step=None):
     monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
     if baseline_step is not None:
         monkeypatch.setattr(deploy_mod.Deploy, "_baseline", baseline_step)
-    req = deploy_mod.DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path)
+    req = deploy_mod.DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path)
     d = deploy_mod.Deploy(t, req, echo=lambda line: None)
     d.state.layout = _state(t, tmp_path).layout
     return d

@@ -14,6 +14,7 @@ import pytest
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
+from fleetspec.model.playbook import Smoke
 from fleetspec.model.release import new_release_id
 from fleetspec.ops import smoke_run
 from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
@@ -100,7 +101,7 @@ def test_a_deploy_failing_before_the_switch_kills_the_smoke_runner_it_started(t,
     monkeypatch.setattr(Deploy, "_baseline", lambda self: {})
     monkeypatch.setattr(Deploy, "_stage", stage)
     monkeypatch.setattr(Deploy, "_render", render)
-    d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree"), root=tmp_path),
+    d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path),
                echo=lambda line: None)
     d.state.layout = _state(t, tmp_path).layout
     out = d.run()
