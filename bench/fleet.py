@@ -195,7 +195,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="leave the bench's lab hosts up")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from bench.counted import precompile
 
     precompile()                  # byte-code as an installed fleetspec has it

@@ -177,7 +177,6 @@ def main() -> int:
                     help="rounds of deploy and rollback by each tool, not recorded (the first deploy after "
                          "`lab up` pays cold page caches: 24 s where the next took 14)")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from bench.counted import precompile
 
     precompile()                  # byte-code as an installed fleetspec has it
