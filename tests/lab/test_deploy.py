@@ -165,16 +165,34 @@ def test_fault_in_new_release_reverts_to_nextn(lab_fleet, ct129, fault, failed_s
     assert steps[-1] == "revert"
 
 
-def test_a_smoke_test_failing_beside_the_load_reverts_to_nextn(lab_fleet, ct129, tmp_path):
-    """smoke.when: beside-load: the switch does not wait for the verdict; a smoke test that fails
-    while the new engine loads fails the deploy after the switch: reverted, byte for byte."""
+def test_smoke_beside_the_load_passes_then_a_failing_one_reverts_to_nextn(lab_fleet, ct129, tmp_path):
+    """smoke.when: beside-load: the switch does not wait for the verdict. One that passes is read
+    after the restart and before the probes and the deploy lands; one that fails while the new
+    engine loads fails the deploy after the switch: reverted, byte for byte."""
     from tests.lab import reliability_lab as R
 
-    def beside_load(data):
-        data["smoke"] = {"imports": ["sglang.srt.speculative.ddtree_utils", "fleetspec_lab_absent_module"],
-                         "when": "beside-load"}
+    def beside_load(imports):
+        def edit(data):
+            data["smoke"] = {"imports": imports, "when": "beside-load"}
+        return edit
 
-    root = R.make_root(tmp_path / "root", [HOST], playbooks={"ddtree.yaml": beside_load})
+    good = R.make_root(tmp_path / "good", [HOST], playbooks={"ddtree.yaml": beside_load(
+        ["sglang.srt.speculative.ddtree_utils"])})
+    r = R.fs(good, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "healthy", out
+    steps = [(e["name"], e["state"]) for e in ledger(lab_fleet) if e["release"] == out["release"] and e["kind"] == "step"]
+    assert (steps.index(("restart", "ok")) < steps.index(("smoke", "started")) < steps.index(("smoke", "ok"))
+            < steps.index(("probes", "started")) < steps.index(("commit", "ok"))), steps
+    s = status(lab_fleet)
+    assert s["health"] == "ok" and s["served_algo"] == "DDTREE" and s["release"] == out["release"], s
+    assert "ddtree_utils" in sh(lab_fleet, f"cat {STATE}/releases/{out['release']}/smoke/out"), "no verdict read"
+    fs(lab_fleet, "rollback", HOST, check_rc=0)
+    assert_on_baseline(lab_fleet, ct129)
+
+    root = R.make_root(tmp_path / "root", [HOST], playbooks={"ddtree.yaml": beside_load(
+        ["sglang.srt.speculative.ddtree_utils", "fleetspec_lab_absent_module"])})
     r = R.fs(root, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json")
     assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
     out = json.loads(r.stdout.strip().splitlines()[-1])
