@@ -180,7 +180,8 @@ class Deploy:
         if staged.smoke_error:              # the smoke step reports it, where the verdict would be
             self.smoke_error = FleetspecError(staged.smoke_error)
         return {"files": len(self.release.files), "kernels": len(self.release.kernels),
-                "sent_bytes": staged.sent or 0, **({"prestaged": True} if staged.sent is None else {})}
+                "sent_bytes": staged.sent or 0, **({"prestaged": True} if staged.sent is None else {}),
+                **({"smoke_kept": True} if staged.smoke_kept else {})}
 
     def _smoke(self) -> dict:
         """The verdict of the smoke runner `stage` started (it ran while render and measure did)."""

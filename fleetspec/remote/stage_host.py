@@ -12,7 +12,9 @@ in 0700) and manifest.json, one syncfs, the rename over `<final>` and an fsync o
 only then the smoke runner (background.start_script). Any failure removes the temp folder and
 exits 1 with one line on stderr: no half release ever has the final name, and no runner starts.
 With `reuse`, a folder already at `<final>` whose manifest.json and secrets/env are byte for byte
-the header's (a release --prestage staged) is used as it is.
+the header's (a release --prestage staged) is used as it is, and so is the smoke runner the
+prestage started in it when its input is this one's and it passed or still runs (`kept`): the
+later host's smoke verdict is then ready, or nearly, when its deploy asks for it.
 """
 
 from __future__ import annotations
@@ -116,6 +118,17 @@ def start(then):
         return "could not start a background process in %s: %s" % (then["folder"], last(r.stderr) or
                                                                      "exit %d" % r.returncode)
     return None
+def kept(then):
+    """A runner a prestage started in this reused folder, fed the same input, that passed or still
+    runs: its verdict is this deploy's (a failed or dead one is run again)."""
+    f = then["folder"]
+    if read(os.path.join(f, "in")) != then["stdin"].encode():
+        return False
+    rc = read(os.path.join(f, "rc"))
+    if rc is not None:
+        return rc.strip() == b"0"
+    pid = (read(os.path.join(f, "pid")) or b"").strip().decode()
+    return pid.isdigit() and (f + "/").encode() in (read("/proc/%s/cmdline" % pid) or b"")
 def main():
     h = json.loads(take(int(inp.readline() or b"0"), "the header"))
     tmp = h["final"] + ".fleetspec-tmp"
@@ -132,8 +145,9 @@ def main():
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    smoke = start(h["then"]) if h["then"] else None
-    say("FLEETSPEC-STAGE-DONE " + json.dumps({"reused": reused, "smoke_error": smoke}))
+    keep = bool(h["then"]) and reused and kept(h["then"])
+    smoke = start(h["then"]) if h["then"] and not keep else None
+    say("FLEETSPEC-STAGE-DONE " + json.dumps({"reused": reused, "smoke_error": smoke, "smoke_kept": keep}))
 try:
     main()
 except (Failed, OSError, ValueError, KeyError) as err:
@@ -178,6 +192,7 @@ class Staged:
     sent: int                     # bytes of objects sent (what the store lacked)
     reused: bool                  # the folder at `final` was used as it is
     smoke_error: str | None       # the `then` process did not start: why
+    smoke_kept: bool = False      # reused: the prestage's runner (same input, passed or running) kept
 
 
 def stage(t: TransportLike, python: str, rundir: str, plan: Plan, timeout: float = 300) -> Staged:
@@ -214,4 +229,5 @@ def _parse(host: str, final: str, r: CommandResult, lost: str | None, sent: int)
         detail = (said or r.stderr.strip().splitlines()[-1:] or [lost or f"exit {r.rc}"])[-1]
         raise RemoteError(f"{host}: staging {final} failed (exit {r.rc}): {detail[:400]}")
     verdict = json.loads(done[-1][len(DONE):])
-    return Staged(0 if verdict["reused"] else sent, bool(verdict["reused"]), verdict.get("smoke_error"))
+    return Staged(0 if verdict["reused"] else sent, bool(verdict["reused"]), verdict.get("smoke_error"),
+                  bool(verdict.get("smoke_kept")))

@@ -1,7 +1,7 @@
-"""`deploy --prestage` on the lab pair (issue 17): the second host (ct200) is staged while the
-canary (ct129) deploys; its own deploy then uses that release as it is (0 bytes, no second build); a failed canary leaves
-the second host with a staged, unswitched release and nothing live changed, which its next deploy
-marks failed. Every test leaves both hosts on their baselines."""
+"""`deploy --prestage` on the lab pair (issue 17): the second host (ct200) is staged, and its smoke
+runner started, while the canary (ct129) deploys; its own deploy then uses that release as it is
+(0 bytes, no second build, the prestage's smoke verdict); a failed canary leaves the second host
+with a staged, unswitched release and nothing live changed, which its next deploy marks failed. Every test leaves both hosts on their baselines."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def test_the_later_host_is_staged_during_the_canary_and_its_deploy_sends_nothing
     prestaged, own = stages
     assert prestaged["detail"]["prestage"] is True and prestaged["detail"]["sent_bytes"] > 0, prestaged
     assert own["detail"]["prestaged"] is True and own["detail"]["sent_bytes"] == 0, own
+    # the prestage started the smoke runner too; the deploy kept it (passed, same input) and ran none
+    assert prestaged["detail"]["smoke_started"] is True and own["detail"].get("smoke_kept") is True, own
     canary_probed = [e for e in ledger(pair, canary) if e["release"] == out[canary]["release"]
                      and e["name"] == "probes" and e["state"] == "ok"][0]
     assert prestaged["ts"] < canary_probed["ts"], "the prestage did not overlap the canary's deploy"

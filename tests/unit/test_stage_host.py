@@ -166,3 +166,46 @@ def test_the_ledger_lines_ride_in_the_stage_command(t, tmp_path, site, seen):
     with pytest.raises(RemoteError, match="appending to"):
         _stage(state.carrier(), tmp_path, _plan(tmp_path, site, name="r2"))
     assert not (tmp_path / "state" / "releases" / "r2").exists()
+
+
+def test_the_prestages_smoke_runner_is_kept_only_when_it_passed_or_runs_on_the_same_input(t, tmp_path, site):
+    """A reused folder keeps the runner a prestage started there (its verdict is ready) only when
+    that runner was fed this stage's input and passed or still runs; otherwise it runs again."""
+    rel = tmp_path / "state" / "releases" / "r1"
+    folder, runs = str(rel / "smoke"), tmp_path / "runs"
+
+    def then(stdin="smoke input", code="0", sleep=0.0):
+        src = (f"import sys, time; open({str(runs)!r}, 'a').write('x'); time.sleep({sleep}); "
+               f"print(sys.stdin.read().upper()); sys.exit({code})")
+        script = background.start_script(folder, files.python_c(sys.executable, src, rundir=str(tmp_path / "run")),
+                                         timeout_s=60)
+        return stage_host.Then(folder, script, stdin)
+
+    def restage(th):
+        return _stage(t, tmp_path, _plan(tmp_path, site, reuse=True, then=th))
+
+    assert not _stage(t, tmp_path, _plan(tmp_path, site, then=then())).smoke_kept     # the prestage
+    assert background.wait(t, folder, timeout=30).rc == 0
+    staged = restage(then())
+    assert (staged.reused, staged.smoke_kept, staged.smoke_error) == (True, True, None)
+    assert runs.read_text() == "x" and background.wait(t, folder, timeout=30).stdout.strip() == "SMOKE INPUT"
+
+    staged = restage(then(stdin="other input"))             # other smoke scripts: run again
+    assert (staged.reused, staged.smoke_kept) == (True, False)
+    assert background.wait(t, folder, timeout=30).stdout.strip() == "OTHER INPUT" and runs.read_text() == "xx"
+
+    restage(then(code="1"))                                 # a runner that failed...
+    assert background.wait(t, folder, timeout=30).rc == 1
+    assert not restage(then(code="1")).smoke_kept           # ...is run again, never taken as a verdict
+    background.wait(t, folder, timeout=30)
+    assert runs.read_text() == "xxxx"
+
+    restage(then(sleep=3))                                  # still running: kept, its verdict awaited
+    staged = restage(then(sleep=3))
+    assert staged.smoke_kept and background.wait(t, folder, timeout=30).rc == 0 and runs.read_text() == "xxxxx"
+
+    (rel / "manifest.json").write_text('{"id": "r1", "edited": true}\n')     # not reused: nothing kept
+    staged = restage(then())
+    assert (staged.reused, staged.smoke_kept) == (False, False)
+    background.wait(t, folder, timeout=30)
+    assert runs.read_text() == "xxxxxx"
