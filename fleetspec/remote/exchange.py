@@ -95,7 +95,16 @@ class Exchange:
             raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}")
 
     def _drain(self) -> None:
-        while self.chan.recv_ready():
-            self.out += self.chan.recv(CHUNK)
-        while self.chan.recv_stderr_ready():
-            self.err += self.chan.recv_stderr(CHUNK)
+        out, err = drain(self.chan)
+        self.out += out
+        self.err += err
+
+
+def drain(chan) -> tuple[bytes, bytes]:
+    """What the channel holds now on stdout and on stderr, without waiting."""
+    out = err = b""
+    while chan.recv_ready():
+        out += chan.recv(CHUNK)
+    while chan.recv_stderr_ready():
+        err += chan.recv_stderr(CHUNK)
+    return out, err

@@ -12,10 +12,9 @@ from typing import Any
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.remote.api import HttpResponse
+from fleetspec.remote.exchange import CHUNK
 from fleetspec.remote.observe import _observe
 from fleetspec.remote.ssh_lib import paramiko
-
-_CHUNK = 65536
 
 
 class HttpOverSsh:
@@ -68,7 +67,7 @@ class HttpOverSsh:
                 if left <= 0:
                     raise RemoteError(f"{where}: no complete answer within {timeout:g}s")
                 chan.settimeout(left)
-                chunk = chan.recv(_CHUNK)
+                chunk = chan.recv(CHUNK)
                 if not chunk:
                     break
                 raw += chunk

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fleetspec.errors import RemoteError
 from fleetspec.remote import facts, files
 from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
+from fleetspec.remote.exchange import drain
 from fleetspec.remote.facts import systemd as systemd_fact
 
 q = shlex.quote
@@ -185,10 +186,9 @@ class UnitStream:
         return None
 
     def _drain(self) -> None:
-        while self.chan.recv_ready():
-            self._buf += self.chan.recv(65536)
-        while self.chan.recv_stderr_ready():
-            self._err += self.chan.recv_stderr(65536)
+        out, err = drain(self.chan)
+        self._buf += out
+        self._err += err
         *lines, self._buf = self._buf.split(b"\n")
         for raw in lines:
             self._settle(0)
