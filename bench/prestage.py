@@ -4,7 +4,10 @@ N lab hosts ct220.. cloned from ct200 (sglang 0.5.23, stand-in engine), each run
 state (so staging has everything to send): `deploy --canary 1 --serial 100% --no-gates` with and
 without `--prestage`, alternating. Printed per mode (median of --runs): wall time, fleetspec's own
 time (wall minus the canary's engine wait and the later batch's longest engine wait; smoke counts
-as own), the later hosts' slowest stage step and the bytes their own stage step sent.
+as own), each batch's own time (its slowest host's deploy seconds minus its engine wait), the
+later hosts' slowest stage and smoke steps and the bytes their own stage step sent. With
+--prestage the later hosts' smoke tests run during the canary's deploy, on the same 2 shared
+cores here; on hosts with their own CPUs they cost the canary nothing.
 Stand-in engine figures on the lab's shared CPUs, not GPU results. Run as root, under the lab lock:
 
     flock /run/lock/fleetspec-labtests.lock python3 bench/prestage.py [--n 4] [--runs 1] [--down]
@@ -43,7 +46,9 @@ def one(hosts: list[str], prestage: bool) -> dict:
         raise SystemExit(f"deploy failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     later = [outs[h] for h in hosts[1:]]
     engine = outs[hosts[0]]["engine_wait_s"] + max((o["engine_wait_s"] for o in later), default=0.0)
-    return {"wall": wall, "own": wall - engine, "cpu": F.CPU["last"],
+    own = lambda o: o["seconds"] - o["engine_wait_s"]  # noqa: E731
+    return {"wall": wall, "own": wall - engine, "cpu": F.CPU["last"], "canary_own": own(outs[hosts[0]]),
+            "later_own": max((own(o) for o in later), default=0.0),
             "later_stage": max((o["step_seconds"]["stage"] for o in later), default=0.0),
             "later_smoke": max((o["step_seconds"]["smoke"] for o in later), default=0.0),
             "later_prestaged": max((stage_sent(o["host"], o["release"])[0] for o in later), default=0),
@@ -69,11 +74,13 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(F.ROOT), "lab", "down"], timeout=600)
     print(f"N={args.n}, canary 1 then {args.n - 1} at once, --no-gates, median of {args.runs} "
           "(stand-in engine figures, shared CPUs)")
-    print("| mode | wall s | own s | client CPU s | later hosts' stage s | their smoke s | prestage sent bytes | their stage sent bytes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| mode | wall s | own s | canary's own s | later batch's own s | client CPU s | later hosts' stage s | "
+          "their smoke s | prestage sent bytes | their stage sent bytes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for prestage, label in ((False, "canary"), (True, "canary --prestage")):
         m = {k: statistics.median(r[k] for r in rows[prestage]) for k in rows[prestage][0]}
-        print(f"| {label} | {m['wall']:.2f} | {m['own']:.2f} | {m['cpu']:.2f} | {m['later_stage']:.2f} | "
+        print(f"| {label} | {m['wall']:.2f} | {m['own']:.2f} | {m['canary_own']:.2f} | {m['later_own']:.2f} | "
+              f"{m['cpu']:.2f} | {m['later_stage']:.2f} | "
               f"{m['later_smoke']:.2f} | {int(m['later_prestaged'])} | {int(m['later_sent'])} |")
 
 
