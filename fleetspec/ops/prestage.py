@@ -51,7 +51,7 @@ def prestage(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] =
         state.defer(L.Entry.step(rid, "stage", L.StepState.OK, seconds=round(time.monotonic() - began, 3),
                                  prestage=True, files=len(staged.release.files), sent_bytes=staged.sent or 0,
                                  smoke_started=then is not None and staged.smoke_error is None))
-        state.record(L.Entry.status(rid, L.STAGED))
+        state.record(L.Entry.status(rid, L.STAGED, prestage=True))   # status says "prestaged", not "died"
     if staged.smoke_error:
         echo(f"[{host.name}] note: the prestage's smoke runner did not start, its deploy runs one: {staged.smoke_error}")
     echo(f"[{host.name}] prestaged {rid} ({staged.sent or 0} bytes sent)")

@@ -143,6 +143,9 @@ def _fill_state(row: HostStatus, state, host: Host):
     if state is not None and state.interrupted:
         row.notes.append(f"{state.interrupted}; finish it with: fleetspec rollback {host.name}" if state.needs_rollback
                          else state.interrupted)
+    if state is not None and state.prestaged:
+        row.notes.append(f"release {state.prestaged} is prestaged, not switched (host unchanged): this host's "
+                         "deploy in the rollout uses it; if the rollout stopped, its next deploy marks it failed")
     if lock_note:
         row.notes.append(lock_note)
     if row.drift is None:

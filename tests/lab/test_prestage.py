@@ -69,6 +69,9 @@ def test_a_failed_canary_leaves_a_staged_release_the_next_deploy_marks_failed(pa
     assert pair.run(other, f"test -f /var/lib/fleetspec/sglang-qwen/releases/{left}/manifest.json").returncode == 0
     assert pair.run(other, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode != 0   # nothing switched
     assert pair.run(other, "systemctl show -p MainPID --value sglang-qwen").stdout == pid_before
+    notes = json_rows(fs(pair, "status", other, "--json", check_rc=0).stdout)[0]["notes"]
+    assert any(f"release {left} is prestaged, not switched" in n for n in notes), notes
+    assert not any("died" in n for n in notes), notes      # waiting for a deploy is not a dead deploy
     again = fs(pair, "deploy", other, "--algo", "ddtree", "--no-gates", "--yes", "--json")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     new = json_rows(again.stdout)[0]["release"]

@@ -171,3 +171,22 @@ def test_release_state_flags_interrupted_deploys_unless_locked():
              'status={"kind":"status","release":"R1","name":"release","state":"healthy"}\nlock=free\n')
     assert "died at step stage before switching" in release_state.parse(early).interrupted
     assert not release_state.parse(early).needs_rollback
+
+
+def test_a_prestaged_release_waiting_for_its_deploy_is_not_a_deploy_that_died():
+    """The lines a prestage writes (model.ledger's own serialisation): its stage ok, then status
+    staged with prestage. Only while nothing follows is it "prestaged"; a deploy that took it and
+    died after (its own step line last) or wrote its own `staged` is the usual interrupted note."""
+    from fleetspec.model import ledger as L
+
+    staged = L.Entry.status("R4", L.STAGED, prestage=True).to_line()
+    head = "exists=yes\ncurrent=/var/lib/fleetspec/s/releases/R1\nbaseline=yes\n"
+    waiting = release_state.parse(head + f"ledger={staged}\nstatus={staged}\nlock=free\n")
+    assert (waiting.prestaged, waiting.interrupted, waiting.needs_rollback) == ("R4", None, False)
+    assert release_state.parse(head + f"ledger={staged}\nstatus={staged}\nlock=held\n").prestaged is None
+    took = L.Entry.step("R4", "render", L.StepState.STARTED).to_line()
+    died = release_state.parse(head + f"ledger={took}\nstatus={staged}\nlock=free\n")
+    assert died.prestaged is None and "R4 died after step render before switching" in died.interrupted
+    own = L.Entry.status("R4", L.STAGED).to_line()
+    died = release_state.parse(head + f"ledger={own}\nstatus={own}\nlock=free\n")
+    assert died.prestaged is None and "R4 died" in died.interrupted

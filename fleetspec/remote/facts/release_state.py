@@ -30,7 +30,7 @@ class ReleaseState:
         """A one-line note when the last deploy died mid-way (lock free, story unfinished)."""
         from fleetspec.model import ledger as L
 
-        if self.locked:
+        if self.locked or self.prestaged:
             return None
         last, status = self.last_entry or {}, self.last_status or {}
         if status and status.get("state") not in L.TERMINAL:
@@ -43,6 +43,19 @@ class ReleaseState:
                     .replace("  ", " "))
         if last.get("kind") == "step" and last.get("state") == "started" and last.get("name") != "rollback":
             return f"deploy {last.get('release')} died at step {last.get('name')} before switching (host unchanged)"
+        return None
+
+    @property
+    def prestaged(self) -> str | None:
+        """The release a `deploy --prestage` staged here, when nothing was written after it: it
+        waits for this host's deploy in the rollout (or, the rollout stopped, for the next deploy
+        to mark it failed). Not a deploy that died: nothing was switched or left half done."""
+        from fleetspec.model import ledger as L
+
+        last, status = self.last_entry or {}, self.last_status or {}
+        if (not self.locked and status.get("state") == L.STAGED and (status.get("detail") or {}).get("prestage")
+                and last == status):
+            return status.get("release")
         return None
 
     @property
