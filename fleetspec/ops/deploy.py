@@ -171,7 +171,7 @@ class Deploy:
         return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
 
     def _stage(self) -> dict:
-        run, then = smoke_run.prepare(self.pf, self.state, self.release_id, bool(self.pf.patchset and self.pf.patchset.files))
+        run, then = smoke_run.prepare(self.pf, self.state, self.release_id)
         staged = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous, mode=self.req.mode,
                                  reuse=self.req.release_id is not None, then=then,
                                  ledger=L.parse(self.lock.read_text or ""))    # read under the lock

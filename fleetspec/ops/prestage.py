@@ -42,7 +42,7 @@ def prestage(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] =
         began = time.monotonic()
         state.record(L.Entry.step(rid, "stage", L.StepState.STARTED, prestage=True))
         try:
-            _, then = smoke_run.prepare(pf, state, rid, bool(pf.patchset and pf.patchset.files))
+            _, then = smoke_run.prepare(pf, state, rid)
             staged = staging.stage(t, pf, state, rid, state.current(), mode=req.mode, then=then)
         except FleetspecError as err:
             state.defer(L.Entry.step(rid, "stage", L.StepState.FAILED, reason=str(err)))

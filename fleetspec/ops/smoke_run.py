@@ -90,16 +90,16 @@ def run_folder(state: HostState, release_id: str) -> str:
     return str(state.layout.release(release_id) / "smoke")
 
 
-def prepare(pf: Preflight, state: HostState, release_id: str, patched: bool) -> tuple[SmokeRun, stage_host.Then | None]:
+def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun, stage_host.Then | None]:
     """The smoke runner for a release and how to start it detached (None: no scripts), with the
-    release's overlay on the path when it is `patched`. The stage command starts it once the
+    release's overlay on the path when the patch set has files. The stage command starts it once the
     release is published (staging.stage's `then`), so the deploy renders and measures while it
     runs and reads the verdict (`finish`) before the switch."""
     rel = state.layout.release(release_id)
     run = SmokeRun(run_folder(state, release_id), pf.python, pf.smoke_scripts(kernels_dir=str(rel / "kernels")))
     if not run.scripts:
         return run, None
-    env = {"PYTHONPATH": str(rel / "overlay")} if patched else {}
+    env = {"PYTHONPATH": str(rel / "overlay")} if pf.patchset and pf.patchset.files else {}
     command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
     script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
     return run, stage_host.Then(run.folder, script, _payload([(n, s) for n, s, _ in run.scripts]).decode())
