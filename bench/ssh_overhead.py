@@ -46,10 +46,14 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def paramiko_round(host, n: int) -> dict:
-    from fleetspec.remote.transport import Transport
+def paramiko_round(host, n: int, ciphers: tuple[str, ...] | None = None) -> dict:
+    """ciphers: fleetspec's PREFERRED_CIPHERS for this round (None: as shipped; (): paramiko's own
+    order, aes128-ctr with hmac-sha2-256)."""
+    from fleetspec.remote import transport as tr
 
-    t = Transport(host)
+    saved = tr.PREFERRED_CIPHERS
+    tr.PREFERRED_CIPHERS = saved if ciphers is None else ciphers
+    t = tr.Transport(host)
     try:
         t.run_script("true", check=True)
         c0, w0 = time.process_time(), time.monotonic()
@@ -57,6 +61,7 @@ def paramiko_round(host, n: int) -> dict:
             assert t.run_script("printf x", check=True).stdout == "x"
         return {"cpu": time.process_time() - c0, "wall": time.monotonic() - w0}
     finally:
+        tr.PREFERRED_CIPHERS = saved
         t.close()
 
 
@@ -133,12 +138,16 @@ def main() -> int:
             inv = write_inventory(tmp / "inv.yaml", {"h": server}, key)
             host = load_inventory(inv).hosts["h"]
             known = tmp / "known_hosts"
-            rows: dict[str, list] = {"paramiko": [], "openssh": [], "asyncssh": []}
+            rows: dict[str, list] = {"paramiko (fleetspec's transport, AES-GCM)": [],
+                                     "paramiko, aes128-ctr + hmac-sha2-256 (paramiko's order)": [],
+                                     "openssh": [], "asyncssh": []}
+            gcm, ctr, *_ = rows
             idle: dict[str, list] = {"paramiko's 0.1 s": [], "fleetspec's READER_WAKE_S": []}
             for _ in range(args.rounds):
                 idle["paramiko's 0.1 s"].append(idle_round(host, args.idle_connections, args.idle_seconds, 0.1))
                 idle["fleetspec's READER_WAKE_S"].append(idle_round(host, args.idle_connections, args.idle_seconds, None))
-                rows["paramiko"].append(paramiko_round(host, args.commands))
+                rows[gcm].append(paramiko_round(host, args.commands))
+                rows[ctr].append(paramiko_round(host, args.commands, ciphers=()))
                 rows["openssh"].append(openssh_round(server.port, key, known, args.commands, tmp))
                 if args.asyncssh_python:
                     rows["asyncssh"].append(asyncssh_round(args.asyncssh_python, server.port, key, known, args.commands))

@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from enum import StrEnum
 from typing import Any, Iterable
 
@@ -47,6 +47,10 @@ def actor() -> str:
     return f"{os.environ.get('USER') or os.getuid()}@{socket.gethostname()}:{os.getpid()}"
 
 
+def _jsonable(value: Any) -> Any:
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else str(value)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One ledger line. `kind` is `step` (a step started/finished) or `status` (a release changed state)."""
@@ -60,7 +64,11 @@ class Entry:
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_line(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), default=str)
+        """The JSON line; `detail` is serialised as it is (asdict's deep copy of it cost more than
+        the JSON), a dataclass inside it as its fields, anything else JSON lacks as its str."""
+        fields = {"by": self.by, "detail": self.detail, "kind": self.kind, "name": self.name,
+                  "release": self.release, "state": self.state, "ts": self.ts}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=_jsonable)
 
     @classmethod
     def step(cls, release: str, name: str, state: str, **detail: Any) -> "Entry":

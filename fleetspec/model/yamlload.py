@@ -16,8 +16,10 @@ import yaml
 from fleetspec.errors import ConfigError
 
 
-class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML would keep the last one)."""
+class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader that refuses duplicate mapping keys (PyYAML would keep the last one). libyaml's
+    parser where PyYAML has it (its wheels do): the same documents and marks, a tenth of the CPU
+    on a large inventory; the pure-Python one otherwise."""
 
 
 def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

@@ -5,6 +5,7 @@ reads they need (unit files, installed hashes, kernels). Nothing here changes a 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -186,6 +187,7 @@ def preload_patchsets(playbook) -> dict:
 
 
 _LOADED: dict[str, tuple[tuple, object]] = {}
+_LOADING = threading.Lock()
 
 
 def _folder_stamp(folder) -> tuple:
@@ -201,16 +203,19 @@ def _folder_stamp(folder) -> tuple:
 def load_patchset_once(folder):
     """load_patchset, once per process while the folder's files stay as they were: a deploy to N
     hosts loads (a patches folder: builds) each version's patch set once, not once per host.
+    The hosts' threads start together, so the load is serialised: one thread loads (hashing the
+    sglang wheel for the build cache's key), the others wait for it and take its result.
     Failures are not kept: the next host loads again and gets the error again."""
     from fleetspec.model.patchset import load_patchset
 
-    stamp = _folder_stamp(folder)
-    kept = _LOADED.get(str(folder))
-    if kept is not None and kept[0] == stamp:
-        return kept[1]
-    patchset = load_patchset(folder)
-    _LOADED[str(folder)] = (stamp, patchset)
-    return patchset
+    with _LOADING:
+        stamp = _folder_stamp(folder)
+        kept = _LOADED.get(str(folder))
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        patchset = load_patchset(folder)
+        _LOADED[str(folder)] = (stamp, patchset)
+        return patchset
 
 
 def candidate_paths(loaded: dict) -> tuple[str, ...]:

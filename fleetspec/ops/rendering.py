@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import shlex
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,11 +28,20 @@ if TYPE_CHECKING:
 
 @functools.lru_cache(maxsize=8)
 def _env(root: Path):
-    """One environment per templates folder for the whole process: each template is compiled once,
-    not once per host (jinja re-reads a template whose file changed)."""
     env = render.environment(root)
     env.filters["q"] = shlex.quote
     return env
+
+
+_COMPILING = threading.Lock()
+
+
+def _template(root: Path, name: str):
+    """One environment per templates folder for the whole process: each template is compiled once,
+    not once per host (jinja re-reads a template whose file changed). The lock: a fleet's hosts
+    ask at the same moment, and each would otherwise compile its own copy."""
+    with _COMPILING:
+        return _env(root).get_template(name)
 
 
 def dropin_text(pf: Preflight, release: Release) -> str:
@@ -40,7 +50,7 @@ def dropin_text(pf: Preflight, release: Release) -> str:
         env_lines.append(f"UnsetEnvironment={name}")
     if pf.playbook.launch.secret_env:   # values never in the drop-in (0644): a file only root reads
         env_lines.append(f"EnvironmentFile={pf.layout.release(release.id)}/{SECRETS_FILE}")
-    return _env(pf.root).get_template("fleetspec-dropin.conf.j2").render(
+    return _template(pf.root, "fleetspec-dropin.conf.j2").render(
         release=release, rendered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         release_dir=str(pf.layout.release(release.id)), exec_line=render.exec_line(release.argv, release.exec_prefix, release.exec_path),
         environment_lines=env_lines, guard=pf.guard, service_escaped=pf.service.removesuffix(".service"),
@@ -51,7 +61,7 @@ def rollback_script(pf: Preflight, state: HostState, release: Release, previous_
     """`previous_sha256`: the drop-in live before the switch ("" when none: back to the baseline)."""
     prev = release.previous
     prev_dir = str(state.layout.release(prev)) if prev != BASELINE else ""
-    return _env(pf.root).get_template("rollback.sh.j2").render(
+    return _template(pf.root, "rollback.sh.j2").render(
         service=pf.service, release=release, previous_label=prev,
         state_dir=str(state.layout.base), dropin_path=dropin_path(pf.service),
         legacy_dropin_paths=legacy_dropin_paths(pf.service),
@@ -79,7 +89,7 @@ def render_release(t: TransportLike, pf: Preflight, state: HostState, release: R
     rollback = rollback_script(pf, state, release, guess)
     writes = [(f"{rdir}/unit/{DROPIN_NAME}", text.encode(), 0o644), (f"{rdir}/rollback.sh", rollback.encode(), 0o755)]
     if pf.guard:
-        guard = _env(pf.root).get_template("fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
+        guard = _template(pf.root, "fleetspec-guard@.service.j2").render(state_root=str(state.layout.root))
         writes.append(("/etc/systemd/system/fleetspec-guard@.service", guard.encode(), 0o644))
     folders = [f"{rdir}/unit", rdir, *(["/etc/systemd/system"] if pf.guard else [])]
     done = systemd.write_and_verify(t, writes, folders, str(pf.layout.run), pf.service, pf.unit_bytes,

@@ -16,6 +16,7 @@ from fleetspec.remote.ssh_lib import paramiko
 CHUNK = 65536
 CLOSED = (OSError, EOFError, paramiko.SSHException)
 EOF_GRACE_S = 5.0     # exited without EOF: a child left in the background may hold the pipe
+IDLE_WAKE_S = 1.0     # data, EOF and a close wake the select at once; this only paces the clocks
 
 
 def short(command: str, n: int = 120) -> str:
@@ -87,7 +88,7 @@ class Exchange:
         if left <= 0:
             raise RemoteError(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}")
         try:
-            select.select([self.chan], [], [], min(left, 0.25))
+            select.select([self.chan], [], [], min(left, IDLE_WAKE_S))
             self._drain()
         except CLOSED as err:
             raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}: {err}") from None

@@ -234,6 +234,39 @@ def test_every_shipped_python_file_compiles(version):
             compile(ps.source(entry).read_text(), str(ps.source(entry)), "exec")
 
 
+def test_hosts_that_start_together_share_one_load_of_the_patch_set(tmp_path, monkeypatch):
+    """A fleet's host threads reach preflight at once: one of them loads (for a patches folder,
+    hashing the whole sglang wheel), the others take its result. Each load is slowed so that
+    they would overlap without the lock."""
+    import threading
+    import time
+
+    from fleetspec.model import patchset as patchset_mod
+    from fleetspec.ops.preflight_checks import load_patchset_once
+
+    folder = _write(tmp_path, {"sglang/x.py": b"x = 1\n"})
+    real, loads = patchset_mod.load_patchset, []
+
+    def slow_load(f):
+        loads.append(f)
+        time.sleep(0.2)
+        return real(f)
+
+    monkeypatch.setattr(patchset_mod, "load_patchset", slow_load)
+    start, got = threading.Barrier(6), []
+
+    def host():
+        start.wait()
+        got.append(load_patchset_once(folder))
+
+    threads = [threading.Thread(target=host) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and len(got) == 6 and all(g is got[0] for g in got)
+
+
 def test_a_deploy_loads_each_patch_set_once_until_a_file_changes(tmp_path):
     """preflight_checks.load_patchset_once: one load for N hosts, a fresh one after an edit, and
     a broken folder refused for every host (failures are not kept)."""

@@ -170,6 +170,28 @@ def test_second_build_reuses_the_cache_and_an_input_change_rebuilds(setup):
         folder, wheels, cache).inputs})
 
 
+def test_the_wheels_hash_is_remembered_beside_it_until_the_wheel_is_written_again(tmp_path):
+    """wheel_sha256 (the build cache's key) hashes a wheel once; a wheel written again (another
+    size or mtime) is hashed again, and a folder that cannot take the note still gets the hash."""
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"first wheel")
+    assert B.wheel_sha256(wheel) == hashlib.sha256(b"first wheel").hexdigest()
+    note = tmp_path / ".pkg-1.0-py3-none-any.whl.sha256"
+    kept = json.loads(note.read_text())
+    note.write_text(json.dumps({**kept, "sha256": "remembered"}))
+    assert B.wheel_sha256(wheel) == "remembered"           # read from the note, not hashed again
+    wheel.write_bytes(b"a wheel built again")
+    assert B.wheel_sha256(wheel) == hashlib.sha256(b"a wheel built again").hexdigest()
+    st = wheel.stat()
+    wheel.write_bytes(b"a wheel built AGAIN")               # same size and inode, mtime 1 ns later
+    os.utime(wheel, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert B.wheel_sha256(wheel) == hashlib.sha256(b"a wheel built AGAIN").hexdigest()
+    note.unlink()
+    note.mkdir()                                            # no note can be written here
+    assert B.wheel_sha256(wheel) == hashlib.sha256(b"a wheel built AGAIN").hexdigest()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_load_patchset_builds_a_patches_folder_transparently(setup, monkeypatch):
     folder, wheels, cache = setup
     monkeypatch.setattr(P, "WHEEL_CACHE", wheels)
