@@ -63,7 +63,7 @@ def test_a_reachable_host_is_read_over_ssh(sshd, tmp_path, ssh_client_key, inven
     (tmp_path / ".fleetspec").mkdir()
     with TransportPool() as pool:
         got = H.read_ledger(pool.get(host), host, tmp_path)
-    assert got.source == "host" and got.warning is None and got.parsed.entries == []
+    assert got.source == "host" and got.warning is None and got.parsed.entries == ()
 
 
 def cli(root: Path, *args, columns: int = 80, env_extra: dict | None = None) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ def test_ledger_round_trip_and_statuses():
     entries = [L.Entry.step("r1", "preflight", "started"), L.Entry.status("r1", L.SWITCHED),
                L.Entry.status("r1", L.HEALTHY), L.Entry.step("r2", "stage", "started")]
     parsed = L.parse(L.render(entries))
-    assert parsed.entries == entries and parsed.skipped == []
+    assert list(parsed.entries) == entries and parsed.skipped == ()
     assert parsed.releases() == {"r1": L.HEALTHY, "r2": L.STARTED}
     assert parsed.interrupted() == ["r2"]
     assert parsed.last_step("r2").name == "stage"
@@ -26,7 +26,7 @@ def test_torn_and_foreign_lines_are_skipped_and_counted():
     text = "\n".join([good, torn, "not json", json.dumps({"kind": "step"}), "", good]) + "\n"
     parsed = L.parse(text)
     assert len(parsed.entries) == 2
-    assert parsed.skipped == [2, 3, 4]
+    assert parsed.skipped == (2, 3, 4)
 
 
 def test_gate_figures_are_merged_per_release():

@@ -100,7 +100,7 @@ def test_a_lost_lock_stops_the_command_before_its_work(t, tmp_path, monkeypatch,
         with pytest.raises(LockLost, match="lost the lock") as err:
             state.io.run_script(f"touch {marker}")
         assert err.value.charged_step == "baseline"
-        assert not marker.exists() and _state(t, tmp_path).ledger().entries == []
+        assert not marker.exists() and _state(t, tmp_path).ledger().entries == ()
     finally:
         new.__exit__(None, None, None)
         mine.__exit__(None, None, None)

@@ -142,7 +142,7 @@ def test_a_line_appended_after_a_torn_one_stays_whole(tmp_path):
     entry = L.Entry.step("r1", "rollback", "ok")
     assert _sh(files.append_line(str(ledger), entry.to_line())).returncode == 0
     parsed = L.parse(ledger.read_text())
-    assert parsed.skipped == [2]
+    assert parsed.skipped == (2,)
     assert parsed.entries[-1] == entry
     assert _sh(files.append_line(str(tmp_path / "new.jsonl"), entry.to_line())).returncode == 0
     assert (tmp_path / "new.jsonl").read_text() == entry.to_line() + "\n"
