@@ -88,7 +88,10 @@ class Exchange:
         if left <= 0:
             raise RemoteError(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}")
         try:
-            select.select([self.chan], [], [], min(left, IDLE_WAKE_S))
+            if self.chan.eof_received:   # nothing can follow EOF but the exit status or a close, and
+                self.chan.status_event.wait(min(left, IDLE_WAKE_S))   # select would return at once
+            else:
+                select.select([self.chan], [], [], min(left, IDLE_WAKE_S))
             self._drain()
         except CLOSED as err:
             raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}: {err}") from None

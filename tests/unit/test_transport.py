@@ -88,6 +88,18 @@ def test_command_timeout(transport):
     assert transport.run(["true"], timeout=20).ok  # the connection survives
 
 
+def test_a_command_that_closed_its_output_is_awaited_without_spinning(transport, monkeypatch):
+    """After EOF only the exit status can come, and the channel stays readable for select: the
+    read loop waits for the status instead (it spun ~1,400 times in one 70 ms stage command)."""
+    from fleetspec.remote import exchange
+
+    pumps, real = [], exchange.Exchange._pump
+    monkeypatch.setattr(exchange.Exchange, "_pump", lambda self: (pumps.append(1), real(self))[1])
+    r = transport.run_script("printf done; exec >&- 2>&-; sleep 1.5; exit 3")
+    assert (r.rc, r.stdout) == (3, "done")
+    assert len(pumps) <= 6, f"{len(pumps)} read-loop turns while waiting 1.5 s for the exit status"
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = json.dumps({"path": self.path, "ok": True}).encode()
