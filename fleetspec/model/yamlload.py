@@ -18,7 +18,7 @@ from fleetspec.errors import ConfigError
 
 class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """SafeLoader that refuses duplicate mapping keys (PyYAML would keep the last one). libyaml's
-    parser where PyYAML has it (its wheels do): the same documents and marks, a tenth of the CPU
+    parser where PyYAML has it (its wheels do): the same documents and marks, an eighth of the CPU
     on a large inventory; the pure-Python one otherwise."""
 
 
