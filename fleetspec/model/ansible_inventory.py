@@ -32,7 +32,7 @@ import yaml
 
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.ansible_host import CONNECTION, FLEETSPEC_VARS, SECRET_KEYS, _host_entry  # noqa: F401
-from fleetspec.model.yamlload import StrictLoader
+from fleetspec.model.yamlload import PureStrictLoader, StrictLoader, load
 
 OVERLAY_SUFFIX = ".fleetspec.yaml"
 
@@ -45,6 +45,10 @@ class AnsibleLoader(StrictLoader):
     """StrictLoader that knows Ansible's `!vault` and `!unsafe` tags."""
 
 
+class PureAnsibleLoader(PureStrictLoader):
+    """AnsibleLoader's pure-Python twin, for its clearer errors."""
+
+
 def _vault(loader: AnsibleLoader, node: yaml.ScalarNode) -> _Vault:
     return _Vault(loader.construct_scalar(node))
 
@@ -53,8 +57,9 @@ def _unsafe(loader: AnsibleLoader, node: yaml.ScalarNode) -> str:
     return str(loader.construct_scalar(node))
 
 
-AnsibleLoader.add_constructor("!vault", _vault)
-AnsibleLoader.add_constructor("!unsafe", _unsafe)
+for _loader in (AnsibleLoader, PureAnsibleLoader):
+    _loader.add_constructor("!vault", _vault)
+    _loader.add_constructor("!unsafe", _unsafe)
 
 
 # ---- what kind of file is it -------------------------------------------------------------------
@@ -76,7 +81,7 @@ def _yaml(path: Path, text: str) -> Any:
         raise UserError(f"{path}: vault-encrypted file; fleetspec does not decrypt Ansible vault "
                         f"(decrypt it, or move secrets to environment variables)")
     try:
-        return yaml.load(text, Loader=AnsibleLoader)  # noqa: S506 - a SafeLoader
+        return load(text, AnsibleLoader, PureAnsibleLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         raise ConfigError(path, f"line {mark.line + 1}" if mark else None,

@@ -16,10 +16,14 @@ import yaml
 from fleetspec.errors import ConfigError
 
 
-class StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader that refuses duplicate mapping keys (PyYAML would keep the last one). libyaml's
-    parser where PyYAML has it (its wheels do): the same documents and marks, an eighth of the CPU
-    on a large inventory; the pure-Python one otherwise."""
+class PureStrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML would keep the last one)."""
+
+
+class StrictLoader(getattr(yaml, "CSafeLoader", PureStrictLoader)):  # type: ignore[misc]
+    """PureStrictLoader on libyaml's parser where PyYAML has it (its wheels do): the same documents
+    and marks for an eighth of the CPU. Its problems say less ("found character that cannot start
+    any token", where PyYAML names the tab), so `load` asks the pure loader for the error."""
 
 
 def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -40,12 +44,28 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
     return loader.construct_mapping(node, deep=deep)
 
 
-StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+for _loader in (PureStrictLoader, StrictLoader):
+    _loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load(text: str, fast: type = StrictLoader, pure: type = PureStrictLoader) -> Any:
+    """yaml.load with `fast`; a document it refuses is parsed again with `pure`, whose error (same
+    mark, a clearer problem) is raised. Both must be SafeLoaders with the same constructors."""
+    try:
+        return yaml.load(text, Loader=fast)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError:
+        if fast is pure:
+            raise
+        try:
+            yaml.load(text, Loader=pure)  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError as clearer:
+            raise clearer from None
+        raise
 
 
 def load_yaml_text(text: str, path: str | Path) -> Any:
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+        return load(text)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None

@@ -34,6 +34,8 @@ def root(tmp_path):
 # (inventory text or None for GOOD_INV, CLI args after the root options, what the line must say)
 INVENTORY_CASES = [
     ("bad-yaml", "hosts: {a: [\n", ["status"], "lab.yaml: line 2, column 1: invalid YAML"),
+    ("tab-indent", "hosts:\n\ta: {address: 127.0.0.1}\n", ["status"],
+     "lab.yaml: line 2, column 1: invalid YAML: found character '\\t' that cannot start any token"),
     ("unknown-key", GOOD_INV + "hostz: {}\n", ["status"], "lab.yaml: hostz: unknown key"),
     ("wrong-type", GOOD_INV.replace("port: 1}", "port: one}"), ["status"], "hosts.a.port: expected an integer, got str 'one'"),
     ("missing-host", None, ["status", "zz"], "unknown host 'zz' in"),
