@@ -16,6 +16,7 @@ from fleetspec.remote.ssh_lib import paramiko
 CHUNK = 65536
 CLOSED = (OSError, EOFError, paramiko.SSHException)
 EOF_GRACE_S = 5.0     # exited without EOF: a child left in the background may hold the pipe
+LOST_SETTLE_S = 0.5   # a channel closed without a status: how long its connection may take to be seen dead
 IDLE_WAKE_S = 1.0     # data, EOF and a close wake the select at once; this only paces the clocks
 
 
@@ -72,7 +73,23 @@ class Exchange:
         while not self._ended():
             self._pump()
         self._drain()
+        self._raise_if_lost()
         return self.chan.recv_exit_status()
+
+    def _raise_if_lost(self) -> None:
+        """paramiko closes every channel of a connection that died and marks its status ready
+        with no status (-1): without this check such a command read as one that printed
+        nothing and exited -1. A channel closed by a live connection without a status is a
+        command ended by a signal (OpenSSH's exit-signal, which paramiko does not keep): -1.
+        paramiko closes the channels before it marks the connection inactive, so a dying
+        connection's reader thread is given LOST_SETTLE_S to end."""
+        c = self.chan
+        if not (c.closed and c.exit_status == -1):
+            return
+        reader = c.get_transport()
+        reader.join(LOST_SETTLE_S)
+        if not reader.is_active():
+            raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}")
 
     def _ended(self) -> bool:
         c = self.chan
@@ -95,13 +112,21 @@ class Exchange:
             self._drain()
         except CLOSED as err:
             raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}: {err}") from None
-        if self.chan.closed and not self.chan.exit_status_ready():
-            raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}")
+        self._raise_if_lost()
 
     def _drain(self) -> None:
         out, err = drain(self.chan)
         self.out += out
         self.err += err
+
+
+def close_quietly(chan) -> None:
+    """A channel of a connection that died raises on close (EOFError from paramiko's writer):
+    the command's own error, already raised or about to be, is the one to report."""
+    try:
+        chan.close()
+    except CLOSED:
+        pass
 
 
 def drain(chan) -> tuple[bytes, bytes]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.remote.api import HttpResponse
-from fleetspec.remote.exchange import CHUNK
+from fleetspec.remote.exchange import CHUNK, close_quietly
 from fleetspec.remote.observe import _observe
 from fleetspec.remote.ssh_lib import paramiko
 
@@ -76,7 +76,7 @@ class HttpOverSsh:
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise RemoteError(f"{where}: {err}") from None
         finally:
-            chan.close()
+            close_quietly(chan)
         return _parse_http(bytes(raw), where)
 
 

@@ -26,7 +26,7 @@ from typing import cast
 from fleetspec.errors import RemoteError
 from fleetspec.remote import files
 from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
-from fleetspec.remote.exchange import Exchange
+from fleetspec.remote.exchange import Exchange, close_quietly
 
 NEED = "FLEETSPEC-STAGE-NEED"
 DONE = "FLEETSPEC-STAGE-DONE "
@@ -214,7 +214,7 @@ def stage(t: TransportLike, python: str, rundir: str, plan: Plan, timeout: float
         ex.shutdown_write()
         rc = ex.finish()
     finally:
-        chan.close()
+        close_quietly(chan)
     result = CommandResult(f"stage {plan.final}", rc, ex.out.decode("utf-8", "replace"),
                            ex.err.decode("utf-8", "replace"))
     if prelude is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fleetspec.errors import RemoteError
 from fleetspec.remote import facts, files
 from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
-from fleetspec.remote.exchange import drain
+from fleetspec.remote.exchange import close_quietly, drain
 from fleetspec.remote.facts import systemd as systemd_fact
 
 q = shlex.quote
@@ -210,7 +210,7 @@ class UnitStream:
             prelude.settle(CommandResult("readiness watch", rc, "", self._err.decode("utf-8", "replace")))
 
     def close(self) -> None:
-        self.chan.close()
+        close_quietly(self.chan)
 
 
 def restart_command(service: str) -> str:

@@ -19,7 +19,7 @@ from typing import Sequence
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
 from fleetspec.remote.api import CommandResult, HttpResponse, Prelude, TransportLike
-from fleetspec.remote.exchange import Exchange, short
+from fleetspec.remote.exchange import Exchange, close_quietly, short
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
 from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
@@ -260,7 +260,7 @@ class Transport(FileTransfer, HttpOverSsh):
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise RemoteError(f"{self.name}: connection lost during {short(shown)}: {e}") from None
         finally:
-            chan.close()
+            close_quietly(chan)
         return CommandResult(shown, rc, ex.out.decode("utf-8", "replace"), ex.err.decode("utf-8", "replace"), bytes(ex.out))
 
     def open_exec(self, script: str, prelude: Prelude | None = None):

@@ -205,18 +205,60 @@ def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_fac
         timer.join()
 
 
-def test_parallel_commands_share_one_connection(transport):
-    results = []
+def test_parallel_commands_share_one_connection(transport, sshd):
+    results, errors = [], []
 
     def work(i):
-        results.append(transport.run(["echo", str(i)], timeout=20).stdout.strip())
+        try:
+            results.append(transport.run(["echo", str(i)], timeout=20).stdout.strip())
+        except Exception as err:  # noqa: BLE001 - reported below with the server's log
+            errors.append(repr(err))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    assert sorted(results, key=int) == [str(i) for i in range(12)]
+    log = (sshd.workdir / "sshd.log").read_text(errors="replace")[-2000:]
+    assert not errors and sorted(results) == sorted(str(i) for i in range(12)), (errors, results, log)
+
+
+def test_a_connection_that_dies_under_parallel_commands_fails_each_of_them(tmp_path, inventory_writer, sshd,
+                                                                          ssh_client_key):
+    """sshd's process for our connection is killed while 12 commands run on it: every one raises
+    RemoteError naming the lost connection (none reads as an empty output with exit -1, none
+    leaks paramiko's EOFError), and the next command connects again."""
+    t = Transport(host_for(tmp_path, inventory_writer, sshd, ssh_client_key))
+    outcomes = []
+
+    def work(i):
+        try:
+            r = t.run_script(f"sleep 3; echo {i}", timeout=20)
+            outcomes.append(("result", r.rc, r.stdout))
+        except RemoteError as err:
+            outcomes.append(("lost", str(err)))
+        except Exception as err:  # noqa: BLE001 - the test reports what leaked
+            outcomes.append(("leaked", repr(err)))
+
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+        for th in threads:
+            th.start()
+        time.sleep(1)
+        with pytest.raises(RemoteError, match="connection lost"):
+            t.run_script('kill -9 "$PPID"; sleep 5', timeout=20)
+        for th in threads:
+            th.join()
+        assert len(outcomes) == 12 and all(o[0] == "lost" and "connection lost" in o[1] for o in outcomes), outcomes
+        assert t.run(["echo", "again"], timeout=20).stdout == "again\n"
+    finally:
+        t.close()
+
+
+def test_a_command_killed_by_a_signal_is_its_own_failure_not_a_lost_connection(transport):
+    r = transport.run_script('echo before; kill -9 "$$"', timeout=20)
+    assert (r.rc, r.stdout) == (-1, "before\n")
+    assert transport.run(["true"], timeout=20).ok
 
 
 def test_jump_host(tmp_path, inventory_writer, sshd_factory, sshd, ssh_client_key):
