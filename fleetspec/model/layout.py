@@ -32,6 +32,7 @@ class HostLayout:
     releases = _Under("base", "releases")
     current = _Under("base", "current")
     ledger = _Under("base", "ledger.jsonl")
+    ledger_archive = _Under("base", "ledger-archive")   # ledger.<stamp>.jsonl: each the whole ledger a rotation replaced
     lock = _Under("base", "lock")
     run = _Under("root", "run")            # root-only (0700): where remote python starts, scratch folders
     objects = _Under("root", "objects")    # content-addressed uploads (sha256 names): nothing is sent twice

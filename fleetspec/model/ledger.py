@@ -84,6 +84,7 @@ class Entry:
 class ParsedLedger:
     entries: tuple[Entry, ...]
     skipped: tuple[int, ...]  # 1-based line numbers that were torn or not ledger entries
+    numbers: tuple[int, ...] = ()   # each entry's 1-based line number
 
     def releases(self) -> dict[str, str]:
         """Each release's latest status, in order of first appearance."""
@@ -123,7 +124,7 @@ def parse(text: str) -> ParsedLedger:
 
 @functools.lru_cache(maxsize=8)
 def _parse(text: str) -> ParsedLedger:
-    entries, skipped = [], []
+    entries, skipped, numbers = [], [], []
     for number, line in enumerate(text.split("\n"), 1):   # not splitlines: \x85 or U+2028 inside a line is no line end
         if not line.strip():
             continue
@@ -137,7 +138,49 @@ def _parse(text: str) -> ParsedLedger:
             skipped.append(number)
             continue
         entries.append(entry)
-    return ParsedLedger(tuple(entries), tuple(skipped))
+        numbers.append(number)
+    return ParsedLedger(tuple(entries), tuple(skipped), tuple(numbers))
+
+
+# A deploy reads and parses the host's whole ledger under its lock. Past this size a healthy
+# deploy's last command moves the lines of pruned releases out (`rotation`): ~1,400 lines, about
+# 55 deploys; the lines a deploy still asks about stay far below it (bench/ledger_size.py).
+ROTATE_AT_BYTES = 256 * 1024
+
+
+def rotation(text: str, at_bytes: int = ROTATE_AT_BYTES) -> list[tuple[int, int]]:
+    """The 1-based, inclusive line ranges of `text` (a host's ledger as read under the lock) that
+    may leave it for the archive: every line of a release whose status is PRUNED (its folder is
+    gone; only `history` asks about it, and it reads the archive too). Empty below `at_bytes`.
+    Torn lines, baseline lines and every other release's lines stay."""
+    if len(text) < at_bytes:
+        return []
+    parsed = parse(text)
+    gone = {r for r, s in parsed.releases().items() if s == PRUNED}
+    ranges: list[tuple[int, int]] = []
+    for entry, number in zip(parsed.entries, parsed.numbers, strict=True):
+        if entry.release not in gone:
+            continue
+        if ranges and ranges[-1][1] == number - 1:
+            ranges[-1] = (ranges[-1][0], number)
+        else:
+            ranges.append((number, number))
+    return ranges
+
+
+def without_repeats(text: str) -> str:
+    """A ledger and its archives read one after the other, each line once: a rotation keeps the
+    old file whole in the archive, so the lines it kept are in both (and in both twice over when
+    it was cut off between its link and its rename)."""
+    seen: set[str] = set()
+    out = []
+    for line in text.split("\n"):
+        if line.strip():
+            if line in seen:
+                continue
+            seen.add(line)
+        out.append(line)
+    return "\n".join(out)
 
 
 def render(entries: Iterable[Entry]) -> str:

@@ -26,20 +26,15 @@ class LedgerRead:
 
 
 def read_ledger(t: TransportLike, host, root: Path | None = None) -> LedgerRead:
-    """The host's ledger; when the host cannot be reached, the local mirror (said so)."""
+    """The host's ledger and its archive; when the host cannot be reached, the local mirror (said so)."""
     try:
-        return LedgerRead(HostState(t, host.name, host.vars.service).ledger(), "host")
+        return LedgerRead(HostState(t, host.name, host.vars.service).ledger_with_archive(), "host")
     except RemoteError as err:
         local = local_mirror(root, host.name, host.vars.service) / "ledger.jsonl" if root is not None else None
         if local is None or not local.is_file():
             raise
         return LedgerRead(L.parse(local.read_text(errors="replace")), str(local),
                           f"{host.name} did not answer ({err}); showing the local mirror {local}")
-
-
-def read_history(t: TransportLike, host):
-    parsed = HostState(t, host.name, host.vars.service).ledger()
-    return parsed.entries, parsed.skipped
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -122,16 +123,36 @@ def to_prune(state: HostState, read_text: str | None, current: str, keep: int, p
     return prune_candidates(statuses, current, keep, protect)
 
 
+ROTATED_MARK = "FLEETSPEC-LEDGER-ROTATED"
+
+
+def rotation_script(state: HostState, read_text: str | None) -> tuple[str, str | None]:
+    """Shell that moves the pruned releases' lines out of the ledger read under the lock (see
+    model.ledger.rotation) and prints `ROTATED_MARK archive`; ("", None) while it is small."""
+    ranges = L.rotation(read_text or "")
+    if not ranges:
+        return "", None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    archive = str(state.layout.ledger_archive / f"ledger.{stamp}.jsonl")
+    script = files.drop_lines_script(str(state.layout.ledger), archive, ranges)
+    return f"( {script} ) && echo {ROTATED_MARK} {files.q(archive)}", archive
+
+
 def prune_and_unlock(t: TransportLike, state: HostState, lock: RemoteLock, old: list[str], note) -> list[str]:
-    """One command (carrying the deferred lines): remove and record each release in `old`, then
-    the lock's files, which go whatever the prune did. A release that could not be removed is only
-    noted: a prune never fails a healthy deploy. Returns the releases pruned."""
+    """One command (carrying the deferred lines): remove and record each release in `old`, rotate
+    a ledger grown past ROTATE_AT_BYTES, then remove the lock's files, which go whatever the rest
+    did. A release that could not be removed, or a rotation that did not happen, is only noted: a
+    prune never fails a healthy deploy. Returns the releases pruned."""
     script, lines = prune_script(state, old)
-    r = lock.remove_files(t, before=script, timeout=120 if lines else 30)
+    rotate, archive = rotation_script(state, lock.read_text)
+    before = "; ".join(part for part in (script, rotate) if part)
+    r = lock.remove_files(t, before=before, timeout=120 if before else 30)
     done = pruned_by(r.stdout, lines)
     state.appended([lines[rid] for rid in done])
+    why = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1][:200]
     left = [rid for rid in lines if rid not in done]
     if left:
-        why = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1][:200]
         note(f"[{state.host}] note: could not prune {', '.join(left)}: {why}")
+    if archive and f"{ROTATED_MARK} " not in r.stdout:
+        note(f"[{state.host}] note: could not move old lines out of {state.layout.ledger}: {why}")
     return done

@@ -107,6 +107,26 @@ def append_line(path: str, line: str) -> str:
             f"printf '%s\\n' {q(line)} >> {q(path)} && {fsync(path, parent(path))}")
 
 
+def drop_lines_script(path: str, archive: str, ranges: list[tuple[int, int]]) -> str:
+    """`path` without the line `ranges` (1-based, inclusive), the old file kept whole as `archive`
+    (a hard link to its inode: nothing copied, nothing lost): the rest into a temp file, fsync,
+    link, fsync, rename, fsync. Cut off at any point, every line is in `path` or in `archive`
+    (or in both: readers of both drop repeats). Lines appended after the caller read the file
+    come after the ranges and stay. An existing `archive` stops it before any change."""
+    tmp = path + TMP_SUFFIX
+    expr = ";".join(f"{a}d" if a == b else f"{a},{b}d" for a, b in ranges)
+    return (f"umask 077 && mkdir -p -- {q(parent(archive))} && [ ! -e {q(archive)} ] && "
+            f"sed -e {q(expr)} -- {q(path)} > {q(tmp)} && {fsync(tmp)} && ln -- {q(path)} {q(archive)} && "
+            f"{fsync(parent(archive))} && mv -f -- {q(tmp)} {q(path)} && {fsync(parent(path))}")
+
+
+def cat_files_script(pattern: str) -> str:
+    """Print the files matching `pattern` (a folder's path and a glob in its last part), in the
+    shell's sorted order, each followed by a newline; none is no error."""
+    folder, glob = pattern.rsplit("/", 1)
+    return f'for f in {q(folder)}/{glob}; do if [ -f "$f" ]; then cat -- "$f" && echo || exit; fi; done'
+
+
 def sha256_of(paths: list[str]) -> str:
     """sha256sum of the paths that exist; absent ones are simply not listed."""
     if not paths:

@@ -259,8 +259,10 @@ def test_shell_builders_fsync_file_before_and_folder_after_the_rename(tmp_path):
     src, dest, link, ledger = d / "src", d / "50-fleetspec.conf", d / "current", d / "ledger.jsonl"
     src.write_text("[Service]\n")
     (d / "r1").mkdir()
+    archive = d / "ledger-archive" / "ledger.1.jsonl"
     script = " && ".join([files.copy_atomic(str(src), str(dest)), files.symlink_atomic(str(d / "r1"), str(link)),
-                          files.append_line(str(ledger), '{"x":1}')])
+                          files.append_line(str(ledger), '{"x":1}'), files.append_line(str(ledger), '{"x":2}'),
+                          files.drop_lines_script(str(ledger), str(archive), [(1, 1)])])
     log = tmp_path / "strace.log"
     subprocess.run([*STRACE, "-o", str(log), "sh", "-c", script], check=True)
     lines = _strace_log(log)
@@ -268,6 +270,10 @@ def test_shell_builders_fsync_file_before_and_folder_after_the_rename(tmp_path):
     assert _renamed(lines, str(link) + files.TMP_SUFFIX, str(link)) and _fsynced(lines, str(d)), lines
     assert _fsynced(lines, str(ledger)), lines
     assert dest.read_text() == "[Service]\n" and os.readlink(link) == str(d / "r1")
+    rotated = _renamed(lines, str(ledger) + files.TMP_SUFFIX, str(ledger))        # the ledger's rotation:
+    assert _durable_write(lines, str(ledger) + files.TMP_SUFFIX, str(ledger)), lines
+    assert any(i < rotated[-1] for i in _fsynced(lines, str(archive.parent))), lines  # the archive's name first
+    assert ledger.read_text() == '{"x":2}\n' and archive.read_text() == '{"x":1}\n{"x":2}\n'
 
 
 class _TracedSshd(conftest.Sshd):
