@@ -69,7 +69,7 @@ class Exchange:
             self._pump()
 
     def finish(self) -> int:
-        """Read to the end; the command's exit status."""
+        """Read to the end; the command's exit status (a closed channel ends the read: _ended)."""
         while not self._ended():
             self._pump()
         self._drain()
@@ -112,7 +112,6 @@ class Exchange:
             self._drain()
         except CLOSED as err:
             raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}: {err}") from None
-        self._raise_if_lost()
 
     def _drain(self) -> None:
         out, err = drain(self.chan)
