@@ -15,13 +15,19 @@ for arg in "$@"; do
 done
 unit_out=$(mktemp /var/tmp/fleetspec-unit-tests.XXXXXX)
 unit_pid=
-trap 'if [ -n "$unit_pid" ]; then kill -INT "$unit_pid" 2>/dev/null || true; fi; rm -f "$unit_out"' EXIT
+# The unit run is a session and process group of its own (below): a signal to this script's group
+# no longer reaches it, so every way out of this script ends that group (pytest and the sshds and
+# commands it started) by its id; TERM, HUP and INT run the EXIT trap. (Not INT to pytest: a
+# background job starts with SIGINT ignored, and Python then never raises KeyboardInterrupt.)
+trap 'if [ -n "$unit_pid" ]; then kill -TERM -- "-$unit_pid" 2>/dev/null || true; fi; rm -f "$unit_out"' EXIT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+trap 'exit 130' INT
 t1=$SECONDS
 # nice alone is not enough: with the kernel's autogroup scheduling (sched_autogroup_enabled=1,
 # Debian's default) a task's nice counts only inside its session's group, and the lab's hosts sit
-# in a cgroup of their own, so a nice 19 unit run still took half the CPU from the lab engines
-# (a stand-in release measured 0.40-0.44 of its baseline's throughput at c=4, against ~0.8 when
-# the unit run was over). So the unit run gets a session of its own and that group nice 19 too.
+# in a cgroup of their own, so a nice 19 unit run competed with the lab's engines as an equal
+# group. So the unit run gets a session of its own and that group is nice 19 too.
 # (Written by the new session itself: from here it could still be this script's own group.)
 setsid sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 python3 -m pytest -p no:cacheprovider tests/unit "$@"' \
   sh "$@" >"$unit_out" 2>&1 &
