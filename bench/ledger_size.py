@@ -27,8 +27,12 @@ from fleetspec.ops.planning import prune_candidates  # noqa: E402
 PAD = 180 - 150     # a generated line's size without the pad is ~150 B
 
 
+def release_id(n: int) -> str:
+    return f"20261201T{n:06d}Z-ddtree"
+
+
 def deploy_lines(n: int, lines: int) -> list[str]:
-    rid = f"20261201T{n:06d}Z-ddtree"
+    rid = release_id(n)
     out = [L.Entry("status", rid, "release", L.STARTED, by="ops@ctl:1").to_line()]
     out += [L.Entry("step", rid, f"step{i}", "ok", by="ops@ctl:1", detail={"s": "x" * PAD}).to_line()
             for i in range(lines - 2)]
@@ -64,8 +68,7 @@ def main() -> None:
         read = rotated                      # what this deploy's lock read
         rotated += new
         statuses = L.parse(rotated).releases()
-        rid = deploy_lines(n, 2)[0].split('"release":"')[1].split('"')[0]
-        for old in prune_candidates(statuses, rid, args.keep):
+        for old in prune_candidates(statuses, release_id(n), args.keep):
             rotated += L.Entry("status", old, "release", L.PRUNED, by="ops@ctl:1").to_line() + "\n"
         ranges = L.rotation(read)
         if ranges:

@@ -126,9 +126,10 @@ def test_a_rotation_cut_off_after_its_link_leaves_every_line_once_for_history(t,
     Path(state.layout.ledger_archive).mkdir(mode=0o700)
     os.link(ledger, Path(state.layout.ledger_archive) / "ledger.20260101T000000Z.jsonl")
     assert state.ledger_with_archive().entries == L.parse(old).entries
+    notes = []
     with RemoteLock(t, str(state.layout.lock), release="RNEW", read=str(ledger)) as lock:
-        planning.prune_and_unlock(state.io, state, lock, [], note=print)
-    assert len(list(Path(state.layout.ledger_archive).iterdir())) == 2
+        planning.prune_and_unlock(state.io, state, lock, [], note=notes.append)
+    assert len(list(Path(state.layout.ledger_archive).iterdir())) == 2 and notes == []
     assert state.ledger_with_archive().entries == L.parse(old).entries
 
 
