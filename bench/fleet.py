@@ -89,10 +89,11 @@ def measure(n: int, runs: int, kind: str = "full", warm_up: bool = False) -> dic
     if warm_up:      # not recorded: the first smoke import after a while reads sglang from disk
         fs("deploy", *hosts, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
         fresh_hosts(hosts)              # 'bytes first' stays a first contact
-    status_walls = []
+    status_walls, status_cpu = [], []
     for _ in range(runs):
         r, wall, _ = fs("status", *hosts, "--json")
         status_walls.append(wall)
+        status_cpu.append(CPU["last"])
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
     client_cpu, steps, commands, failed = [], [], [], []
     for i in range(runs):
@@ -120,7 +121,8 @@ def measure(n: int, runs: int, kind: str = "full", warm_up: bool = False) -> dic
             recover.append(o["seconds"])
             overhead.append(o["seconds"] - o["engine_wait_s"])
     med = statistics.median
-    return {"kind": kind, "n": n, "status_s": med(status_walls), "deploy_s": med(deploy_walls),
+    return {"kind": kind, "n": n, "status_s": med(status_walls), "status_client_cpu_s": med(status_cpu),
+            "deploy_s": med(deploy_walls),
             "deploy_own_s": med(own), "deploy_client_cpu_s": med(client_cpu),
             "client_cpu_per_host_s": med(client_cpu) / n, "deploy_ssh_commands": med(commands),
             "rollback_recovery_s": med(recover), "rollback_overhead_s": med(overhead),
@@ -148,7 +150,7 @@ def fresh_hosts(hosts: list[str]) -> None:
 
 
 COLUMNS = [("kind", "kind", "{}"), ("N", "n", "{}"), ("status s", "status_s", "{:.2f}"),
-           ("x N=1", "status_s", "ratio"), ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"),
+           ("x N=1", "status_s", "ratio"), ("status CPU s", "status_client_cpu_s", "{:.2f}"), ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"),
            ("own x N=1", "deploy_own_s", "ratio"), ("client CPU s", "deploy_client_cpu_s", "{:.2f}"),
            ("CPU x N=1", "deploy_client_cpu_s", "ratio"), ("CPU/host s", "client_cpu_per_host_s", "{:.3f}"),
            ("SSH cmds/host", "deploy_ssh_commands", "{:.1f}"), ("rollback s", "rollback_recovery_s", "{:.1f}"),
@@ -169,7 +171,8 @@ def table(rows: list[dict]) -> str:
             if fmt == "ratio":
                 cells.append(f"{r[key] / b[key]:.2f}" if b.get(key) else "-")
             else:
-                cells.append(fmt.format(r.get(key, "full" if key == "kind" else None)))
+                value = r.get(key, "full" if key == "kind" else None)
+                cells.append("-" if value is None else fmt.format(value))    # rows from before a column
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -177,6 +177,10 @@ def main() -> int:
                     help="rounds of deploy and rollback by each tool, not recorded (the first deploy after "
                          "`lab up` pays cold page caches: 24 s where the next took 14)")
     args = ap.parse_args()
+    if shutil.which(args.ansible_playbook) is None:
+        print(f"vs_ansible.py: {args.ansible_playbook} not found: install it with `pip install ansible-core` "
+              "or name it with --ansible-playbook PATH", file=sys.stderr)
+        return 2
     from bench.counted import precompile
 
     precompile()                  # byte-code as an installed fleetspec has it
