@@ -7,8 +7,8 @@ Two series, each N measured in one process (the lab stays up between sizes):
     fleetspec/lab/profiles.py), --thin-sizes (default 1 2 4 8 16 32). Every deploy step runs for
     real (preflight, baseline, stage, smoke with the real sglang, render, switch, restart, probes);
     only the engine's own start is cheap, so 32 hosts fit on two cores.
-Per N: `status` of the N hosts (median of --runs), `deploy --algo ddtree --serial 100% --no-gates`
-wall time and fleetspec's own time (wall minus the longest host's wait for its engine to restart
+Per N: `status` of the N hosts (median of --runs: wall time and the CLI's CPU), `deploy --algo
+ddtree --serial 100% --no-gates` wall time and fleetspec's own time (wall minus the longest host's wait for its engine to restart
 and load; the smoke step is fleetspec's own work and counts as own), the fleetspec process's CPU
 time (user+sys) in all and per host, SSH commands per host (bench/counted.py), rollback, bytes
 sent, peak RSS, each with its ratio against N = 1 of the same series. Then a least-squares fit
