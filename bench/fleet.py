@@ -9,7 +9,9 @@ Two series, each N measured in one process (the lab stays up between sizes):
     only the engine's own start is cheap, so 32 hosts fit on two cores.
 Per N: `status` of the N hosts (median of --runs: wall time and the CLI's CPU), `deploy --algo
 ddtree --serial 100% --no-gates` wall time and fleetspec's own time (wall minus the longest host's wait for its engine to restart
-and load; the smoke step is fleetspec's own work and counts as own), the fleetspec process's CPU
+and load; the smoke step is fleetspec's own work and counts as own; "first" is run 1, a first
+deploy whose smoke tests run, "repeat" the median of the later runs, redeploys of the same
+content whose smoke verdict is replayed (smoke.reuse)), the fleetspec process's CPU
 time (user+sys) in all and per host, SSH commands per host (bench/counted.py), rollback, bytes
 sent, peak RSS, each with its ratio against N = 1 of the same series. Then a least-squares fit
 of own time and client CPU against N per series, and the thin fit extrapolated to 500 hosts.
@@ -123,7 +125,8 @@ def measure(n: int, runs: int, kind: str = "full", warm_up: bool = False) -> dic
     med = statistics.median
     return {"kind": kind, "n": n, "status_s": med(status_walls), "status_client_cpu_s": med(status_cpu),
             "deploy_s": med(deploy_walls),
-            "deploy_own_s": med(own), "deploy_client_cpu_s": med(client_cpu),
+            "deploy_own_s": med(own), "deploy_own_first_s": own[0],
+            "deploy_own_repeat_s": med(own[1:]) if len(own) > 1 else None, "deploy_client_cpu_s": med(client_cpu),
             "client_cpu_per_host_s": med(client_cpu) / n, "deploy_ssh_commands": med(commands),
             "rollback_recovery_s": med(recover), "rollback_overhead_s": med(overhead),
             "first_deploy_bytes": med(first_bytes), "repeat_deploy_bytes": med(repeat_bytes) if repeat_bytes else None,
@@ -151,7 +154,9 @@ def fresh_hosts(hosts: list[str]) -> None:
 
 COLUMNS = [("kind", "kind", "{}"), ("N", "n", "{}"), ("status s", "status_s", "{:.2f}"),
            ("x N=1", "status_s", "ratio"), ("status CPU s", "status_client_cpu_s", "{:.2f}"), ("deploy s", "deploy_s", "{:.1f}"), ("own s", "deploy_own_s", "{:.2f}"),
-           ("own x N=1", "deploy_own_s", "ratio"), ("client CPU s", "deploy_client_cpu_s", "{:.2f}"),
+           ("own x N=1", "deploy_own_s", "ratio"), ("own first s", "deploy_own_first_s", "{:.2f}"),
+           ("first x N=1", "deploy_own_first_s", "ratio"), ("own repeat s", "deploy_own_repeat_s", "{:.2f}"),
+           ("repeat x N=1", "deploy_own_repeat_s", "ratio"), ("client CPU s", "deploy_client_cpu_s", "{:.2f}"),
            ("CPU x N=1", "deploy_client_cpu_s", "ratio"), ("CPU/host s", "client_cpu_per_host_s", "{:.3f}"),
            ("SSH cmds/host", "deploy_ssh_commands", "{:.1f}"), ("rollback s", "rollback_recovery_s", "{:.1f}"),
            ("rollback overhead s", "rollback_overhead_s", "{:.2f}"), ("bytes first", "first_deploy_bytes", "{:.0f}"),
@@ -169,7 +174,7 @@ def table(rows: list[dict]) -> str:
         cells = []
         for _, key, fmt in COLUMNS:
             if fmt == "ratio":
-                cells.append(f"{r[key] / b[key]:.2f}" if b.get(key) else "-")
+                cells.append(f"{r[key] / b[key]:.2f}" if b.get(key) and r.get(key) is not None else "-")
             else:
                 value = r.get(key, "full" if key == "kind" else None)
                 cells.append("-" if value is None else fmt.format(value))    # rows from before a column

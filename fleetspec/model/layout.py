@@ -36,6 +36,7 @@ class HostLayout:
     lock = _Under("base", "lock")
     run = _Under("root", "run")            # root-only (0700): where remote python starts, scratch folders
     objects = _Under("root", "objects")    # content-addressed uploads (sha256 names): nothing is sent twice
+    smoke_verdicts = _Under("root", "smoke-verdicts")   # root-only: passing smoke outputs, replayed while nothing changed
 
     def release(self, release_id: str) -> PurePosixPath:
         return self.releases / release_id

@@ -67,6 +67,9 @@ class Smoke:
     # the verdict is awaited while the new engine loads, before its probes (a deploy costs about the
     # engine's restart; a failing smoke test costs the service its revert: detection + one load).
     when: str = "before-switch"
+    # a passing verdict is replayed for the same runner input and release content while nothing
+    # under the host python's import path changed since it ran (ctime); false: always run again
+    reuse: bool = True
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,7 @@ def _existing_dir(f: Fields, key: str, rel: str, base: Path) -> Path:
 def _smoke(f: Fields) -> Smoke:
     s = Smoke(imports=f.str_list("imports"), parse_args=f.get("parse_args", bool, True),
               kernels=f.get("kernels", bool, False), ddtree_sample=f.get("ddtree_sample", bool, False),
-              when=f.choice("when", SMOKE_WHEN, Smoke.when))
+              when=f.choice("when", SMOKE_WHEN, Smoke.when), reuse=f.get("reuse", bool, True))
     f.done()
     return s
 

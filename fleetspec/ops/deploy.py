@@ -179,9 +179,14 @@ class Deploy:
         self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line
         if staged.smoke_error:              # the smoke step reports it, where the verdict would be
             self.smoke_error = FleetspecError(staged.smoke_error)
+        if staged.smoke_reused:
+            self.echo(f"[{self.host.name}] smoke: the verdict of {staged.smoke_reused['release']} is replayed "
+                      "(same tests and release content; nothing under the host python's import path changed "
+                      "since it ran; the playbook's smoke.reuse: false runs them again)")
         return {"files": len(self.release.files), "kernels": len(self.release.kernels),
                 "sent_bytes": staged.sent or 0, **({"prestaged": True} if staged.sent is None else {}),
-                **({"smoke_kept": True} if staged.smoke_kept else {})}
+                **({"smoke_kept": True} if staged.smoke_kept else {}),
+                **({"smoke_reused": staged.smoke_reused} if staged.smoke_reused else {})}
 
     def _smoke(self) -> dict:
         """The verdict of the smoke runner `stage` started (it ran while render and measure did)."""

@@ -4,9 +4,13 @@ read just before the switch (`finish`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from shlex import quote as q
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import FleetspecError, UserError
@@ -94,15 +98,52 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
     """The smoke runner for a release and how to start it detached (None: no scripts), with the
     release's overlay on the path when the patch set has files. The stage command starts it once the
     release is published (staging.stage's `then`), so the deploy renders and measures while it
-    runs and reads the verdict (`finish`) before the switch."""
+    runs and reads the verdict (`finish`) before the switch. With `smoke.reuse` (the default) a
+    passing verdict is kept on the host under `verdict_key`, and the stage command replays it
+    instead when nothing the runner imports from has changed since it ran (stage_host.replay)."""
     rel = state.layout.release(release_id)
     run = SmokeRun(run_folder(state, release_id), pf.python, pf.smoke_scripts(kernels_dir=str(rel / "kernels")))
     if not run.scripts:
         return run, None
     env = {"PYTHONPATH": str(rel / "overlay")} if pf.patchset and pf.patchset.files else {}
     command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
-    script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
-    return run, stage_host.Then(run.folder, script, _payload([(n, s) for n, s, _ in run.scripts]).decode())
+    payload = _payload([(n, s) for n, s, _ in run.scripts]).decode()
+    if not pf.playbook.smoke.reuse:
+        script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
+        return run, stage_host.Then(run.folder, script, payload)
+    script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice(),
+                                     on_success=_keep_verdict(run.folder))
+    site = pf.sglang.site_packages or ""
+    key = verdict_key(str(rel), pf.python, command, payload, pf.patch_files(), pf.kernel_files(),
+                      site, pf.sglang.version or "")
+    cache = {"dir": str(state.layout.smoke_verdicts), "key": key, "roots": [site] if site else []}
+    return run, stage_host.Then(run.folder, script, payload, cache)
+
+
+def verdict_key(release_dir: str, python: str, command: str, payload: str, patch: dict[str, bytes],
+                kernels: dict[str, bytes], site_packages: str, version: str) -> str:
+    """What a smoke verdict depends on that the controller knows: the runner's command and input
+    with the release's folder taken out (each release has its own; its content is the patch and
+    kernel bytes), those bytes, the sglang install, and this fleetspec's smoke code, whose parsers
+    read the kept output. The host adds its python, sys.path, environment and GPU driver."""
+    from fleetspec.ops import smoke
+
+    def own(text: str) -> str:
+        return text.replace(release_dir, "<release>")
+    data = {"command": own(command), "input": own(payload), "site_packages": site_packages, "sglang": version,
+            "patch": {p: hashlib.sha256(b).hexdigest() for p, b in sorted(patch.items())},
+            "kernels": {n: hashlib.sha256(b).hexdigest() for n, b in sorted(kernels.items())},
+            "code": [hashlib.sha256(Path(str(m.__file__)).read_bytes()).hexdigest() for m in (smoke, sys.modules[__name__])]}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _keep_verdict(folder: str) -> str:
+    """Shell run after the runner exits 0: its output, headed by the second it started and its
+    folder, becomes the verdict file the stage command named in $FLEETSPEC_SMOKE_VERDICT."""
+    f = folder.rstrip("/")
+    return (f'v="${{FLEETSPEC_SMOKE_VERDICT:-}}"; [ -z "$v" ] || {{ {{ printf \'%s %s\\n\' '
+            f'"$(cat {q(f + "/started")})" {q(f)}; cat -- {q(f + "/out")}; }} >"$v.tmp" && '
+            f'mv -f -- "$v.tmp" "$v"; }} 2>/dev/null || true')
 
 
 def finish(t: TransportLike, run: SmokeRun) -> dict:

@@ -30,6 +30,7 @@ class Staged:
     sent: int | None                # bytes of objects sent; None: a prestaged folder used as it is
     smoke_error: str | None = None  # the smoke runner (`then`) did not start: why
     smoke_kept: bool = False        # the prestage's runner, same input, passed or running: its verdict is ours
+    smoke_reused: dict | None = None   # a kept verdict replayed: {"release" that ran it, "started": epoch s}
 
 
 def stage(t: TransportLike, pf: Preflight, state: HostState, release_id: str, previous: str | None, *,
@@ -58,7 +59,7 @@ def stage(t: TransportLike, pf: Preflight, state: HostState, release_id: str, pr
         manifest=release.to_json(), secrets=env_file_text(secrets) if secrets else None,
         reuse=reuse and still_staged(state, release_id, ledger), then=then)
     done = stage_host.stage(t, pf.python, str(pf.layout.run), plan)
-    return Staged(release, None if done.reused else done.sent, done.smoke_error, done.smoke_kept)
+    return Staged(release, None if done.reused else done.sent, done.smoke_error, done.smoke_kept, done.smoke_reused)
 
 
 def still_staged(state: HostState, release_id: str, ledger: L.ParsedLedger | None = None) -> bool:

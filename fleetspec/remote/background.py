@@ -25,12 +25,14 @@ class Verdict:
     stderr: str
 
 
-def start_script(folder: str, command: str, *, timeout_s: int, nice: int = 10) -> str:
+def start_script(folder: str, command: str, *, timeout_s: int, nice: int = 10, on_success: str = "") -> str:
     """Shell that makes `folder` afresh, saves stdin as its `in`, starts `command` (a shell string)
-    detached in its own session at lower CPU priority, and returns once its pid is recorded."""
+    detached in its own session at lower CPU priority, and returns once its pid is recorded.
+    `started` gets the second it started; `on_success` (shell) runs after an exit 0, before `rc`."""
     f = folder.rstrip("/")
-    body = (f"{command} <{q(f + '/in')} >{q(f + '/out')} 2>{q(f + '/err')}; "
-            f"echo $? >{q(f + '/rc.tmp')} && mv -f -- {q(f + '/rc.tmp')} {q(f + '/rc')}")
+    then = f"if [ $rc -eq 0 ]; then {on_success}; fi; " if on_success else ""
+    body = (f"date +%s >{q(f + '/started')}; {command} <{q(f + '/in')} >{q(f + '/out')} 2>{q(f + '/err')}; "
+            f"rc=$?; {then}echo $rc >{q(f + '/rc.tmp')} && mv -f -- {q(f + '/rc.tmp')} {q(f + '/rc')}")
     return (f"umask 077 && rm -rf -- {q(f)} && mkdir -m 0700 -- {q(f)} && cat >{q(f + '/in')} && "
             f"{{ setsid nice -n {int(nice)} timeout -k 5 {int(timeout_s)} sh -c {q(body)} "
             f"</dev/null >/dev/null 2>&1 & echo $! >{q(f + '/pid')}; }}")

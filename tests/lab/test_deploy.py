@@ -134,6 +134,42 @@ def test_deploy_ddtree_then_rollback_is_byte_exact(lab_fleet, ct129):
     assert release in h.stdout and "rollback" in h.stdout
 
 
+def _stage_and_smoke(fleet, release: str) -> tuple[dict, dict]:
+    """The stage and smoke steps' ledger details (the smoke's without its seconds, its paths with
+    the release's folder named `<release>`)."""
+    entries = [e for e in ledger(fleet) if e["release"] == release and e["kind"] == "step" and e["state"] == "ok"]
+    smoke = {k: v for k, v in next(e["detail"] for e in entries if e["name"] == "smoke").items() if k != "seconds"}
+    return (next(e["detail"] for e in entries if e["name"] == "stage"),
+            json.loads(json.dumps(smoke).replace(f"/releases/{release}/", "/releases/<release>/")))
+
+
+def test_a_redeploy_replays_the_smoke_verdict_until_the_sglang_install_changes(lab_fleet, ct129):
+    """Deploy, roll back, deploy the same again: the second deploy's stage replays the first one's
+    passing verdict (real sglang 0.5.13.post1 in the host's venv; its runner never starts) and its
+    smoke step reads the same result. A file touched in sglang's install (content unchanged,
+    ctime new) makes the third deploy run the tests again."""
+    def deploy() -> str:
+        r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json", check_rc=0)
+        release = json.loads(r.stdout.strip().splitlines()[-1])["release"]
+        fs(lab_fleet, "rollback", HOST, check_rc=0)
+        return release
+
+    first = deploy()
+    first_stage, first_smoke = _stage_and_smoke(lab_fleet, first)
+    second = deploy()
+    stage, smoke = _stage_and_smoke(lab_fleet, second)
+    assert stage["smoke_reused"]["release"] == first_stage.get("smoke_reused", {}).get("release", first), stage
+    assert smoke == first_smoke and smoke["smoke"]["parse_args"], smoke
+    folder = f"{STATE}/releases/{second}/smoke"
+    assert sh(lab_fleet, f"ls {folder}").split() == ["err", "in", "out", "rc", "reused", "started"]
+    sh(lab_fleet, "touch /root/ml-env/lib/python3.11/site-packages/sglang/version.py")
+    third = deploy()
+    stage, smoke = _stage_and_smoke(lab_fleet, third)
+    assert "smoke_reused" not in stage and smoke == first_smoke, stage
+    assert "pid" in sh(lab_fleet, f"ls {STATE}/releases/{third}/smoke").split()     # a runner ran
+    assert_on_baseline(lab_fleet, ct129)
+
+
 FAULTS = [
     pytest.param(["crash_at_start"], "probes", id="crash_at_start"),
     pytest.param(["hang_at_start"], "probes", id="hang_at_start"),

@@ -37,11 +37,14 @@ def test_modules_planted_by_a_local_user_never_run_as_root(rel):
     try:
         assert lab.rc(host, "runuser -u nobody -- touch /var/lib/fleetspec/run/x") != 0
         R.fs(rel.root, "status", host, "--json", check_rc=0)
+        lab.sh(host, "rm -rf /var/lib/fleetspec/smoke-verdicts")     # no verdict to replay: the tests run
         d = R.fs(rel.root, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates")
         assert d.returncode == 0, (d.stdout[-2000:], d.stderr[-2000:])
-        smoked = [e for e in L.parse(lab.sh(host, f"cat {R.STATE}/ledger.jsonl")).entries
-                  if e.name == "smoke" and e.state == "ok"]
+        entries = L.parse(lab.sh(host, f"cat {R.STATE}/ledger.jsonl")).entries
+        smoked = [e for e in entries if e.name == "smoke" and e.state == "ok"]
         assert smoked, "the deploy ran no smoke step"
+        stage = next(e for e in entries if e.release == smoked[-1].release and e.name == "stage" and e.state == "ok")
+        assert "smoke_reused" not in stage.detail, stage.detail
         assert lab.rc(host, f"test -e {MARKER}") != 0, lab.sh(host, f"cat {MARKER}")
         assert lab.sh(host, "stat -c '%a %U' /var/lib/fleetspec/run").split() == ["700", "root"]
         assert lab.rc(host, "runuser -u nobody -- ls /var/lib/fleetspec/run") != 0

@@ -49,7 +49,7 @@ def test_full_playbook_loads(pdir):
     assert pb.patchset_for("0.5.23") == pdir / "ddtree/patchsets/sglang-0.5.23"
     assert pb.kernels == (pdir / "ddtree/kernels/tree_mask",)
     assert pb.gates.throughput.concurrency == (1, 4) and pb.probes.generate.max_new_tokens == 16
-    assert pb.smoke.ddtree_sample is True and pb.smoke.when == "before-switch"
+    assert pb.smoke.ddtree_sample is True and pb.smoke.when == "before-switch" and pb.smoke.reuse is True
 
 
 def test_smoke_beside_the_load_moves_its_verdict_after_the_restart(pdir):
@@ -85,6 +85,7 @@ def test_unknown_algo_lists_known(pdir):
     ("option: verify", "option: verif", r"hybrid\.option: expected the name of an option"),
     ("parse_args: true", "parse_arg: true", r"smoke\.parse_arg: unknown key"),
     ("parse_args: true", "parse_args: true, when: later", r"smoke\.when: expected one of before-switch, beside-load"),
+    ("parse_args: true", "parse_args: true, reuse: sometimes", r"smoke\.reuse: expected"),
     ("algo: ddtree", "algo: dflash", r"algo: expected 'ddtree'"),
     ("    - [--speculative-algorithm, DDTREE]", "    - [speculative-algorithm, DDTREE]", r"launch\.flags\[0\]\[0\]"),
     ("concurrency: [1, 4]", "concurrency: [1, 0]", r"gates\.throughput\.concurrency\[1\]"),

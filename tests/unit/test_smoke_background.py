@@ -137,3 +137,19 @@ def test_a_bad_smoke_niceness_is_refused_in_one_line_before_any_host(raw, monkey
                         "--yes"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "FLEETSPEC_SMOKE_NICE" in r.stderr and "0 to 19" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_verdicts_key_ignores_the_release_folder_and_follows_every_input():
+    """Two releases of the same content share a key (each has its own folder, named in the
+    runner's PYTHONPATH and input); a changed argv, patch byte, kernel or sglang does not."""
+    def key(rel="/s/releases/a", payload='[["parse", "argv = [\'--tp\', \'2\']; k = \'{r}/kernels\'"]]',
+            patch=b"X = 1\n", kernels=None, version="0.5.13.post1"):
+        cmd = files.python_c("/venv/bin/python3", "runner", env={"PYTHONPATH": f"{rel}/overlay"}, rundir="/s/run")
+        return smoke_run.verdict_key(rel, "/venv/bin/python3", cmd, payload.replace("{r}", rel), {"m.py": patch},
+                                     kernels or {}, "/venv/lib/site-packages", version)
+
+    base = key()
+    assert key(rel="/s/releases/b") == base
+    assert key(payload='[["parse", "argv = [\'--tp\', \'4\']; k = \'{r}/kernels\'"]]') != base
+    assert key(patch=b"X = 2\n") != base and key(kernels={"k.so": b"\x7fELF"}) != base
+    assert key(version="0.5.23") != base

@@ -10,6 +10,7 @@ import hashlib
 import os
 import stat
 import sys
+import time
 from pathlib import PurePosixPath
 from types import SimpleNamespace
 
@@ -209,3 +210,89 @@ def test_the_prestages_smoke_runner_is_kept_only_when_it_passed_or_runs_on_the_s
     assert (staged.reused, staged.smoke_kept) == (False, False)
     background.wait(t, folder, timeout=30)
     assert runs.read_text() == "xxxxxx"
+
+
+def _cached_then(tmp_path, folder, key="k1", code="0"):
+    """A runner that counts its runs and upper-cases its input, with a verdict cache beside the
+    state as smoke_run.prepare sets one up (the site folder among what it watches)."""
+    src = (f"import sys; open({str(tmp_path / 'runs')!r}, 'a').write('x'); "
+           f"print(sys.stdin.read().upper()); print('at', {folder!r}); sys.exit({code})")
+    keep = ('v="${FLEETSPEC_SMOKE_VERDICT:-}"; [ -z "$v" ] || { { printf \'%s %s\\n\' '
+            f'"$(cat {folder}/started)" {folder}; cat -- {folder}/out; }} >"$v.tmp" && mv -f -- "$v.tmp" "$v"; }}')
+    script = background.start_script(folder, files.python_c(sys.executable, src, rundir=str(tmp_path / "run")),
+                                      timeout_s=60, on_success=keep)
+    cache = {"dir": str(tmp_path / "state" / "smoke-verdicts"), "key": key, "roots": [str(tmp_path / "site")]}
+    return stage_host.Then(folder, script, "smoke input", cache)
+
+
+def _runs(tmp_path) -> int:
+    p = tmp_path / "runs"
+    return len(p.read_text()) if p.exists() else 0
+
+
+def test_a_passing_verdict_is_replayed_until_something_under_the_import_path_changes(t, tmp_path, site):
+    """Release r2, same runner input and content: the verdict r1's runner left is replayed (the
+    runner does not start, the folder reads as a run that passed); a file written under the
+    watched site folder since then makes r3 run again, and r4 replays r3's. (A runner's verdict
+    counts changes from a second before the second it started: each change here is 2 s older
+    than the next run, or that run's own verdict would be distrusted too.)"""
+    def stage(name):
+        folder = str(tmp_path / "state" / "releases" / name / "smoke")
+        staged = _stage(t, tmp_path, _plan(tmp_path, site, name=name, then=_cached_then(tmp_path, folder)))
+        return staged, background.wait(t, folder, timeout=30)
+
+    time.sleep(2)
+    def said(name):
+        return ["SMOKE INPUT", f"at {tmp_path}/state/releases/{name}/smoke"]
+
+    staged, v = stage("r1")
+    assert staged.smoke_reused is None and (v.rc, v.stdout.split("\n")[:2], _runs(tmp_path)) == (0, said("r1"), 1)
+    entries = list((tmp_path / "state" / "smoke-verdicts").iterdir())
+    assert len(entries) == 1 and mode(entries[0]) == 0o600 and mode(entries[0].parent) == 0o700
+    staged, v = stage("r2")
+    assert staged.smoke_reused["release"] == "r1" and _runs(tmp_path) == 1
+    assert (v.rc, v.stdout.split("\n")[:2]) == (0, said("r2"))     # as r2's runner would have said it
+    (site / "pkg" / "other.py").write_text("OTHER = 2\n")      # an operator's hand edit
+    time.sleep(2)
+    staged, v = stage("r3")
+    assert staged.smoke_reused is None and _runs(tmp_path) == 2 and v.rc == 0
+    staged, _ = stage("r4")
+    assert staged.smoke_reused["release"] == "r3" and _runs(tmp_path) == 2
+    (site / "pkg" / "new.py").write_text("")                   # a module added (pip install)
+    time.sleep(2)
+    assert stage("r5")[0].smoke_reused is None and _runs(tmp_path) == 3
+    (site / "pkg" / "new.py").unlink()                         # one removed
+    assert stage("r6")[0].smoke_reused is None and _runs(tmp_path) == 4
+
+
+def test_a_failed_run_or_another_key_is_never_replayed(t, tmp_path, site):
+    time.sleep(2)
+
+    def stage(name, **kw):
+        folder = str(tmp_path / "state" / "releases" / name / "smoke")
+        staged = _stage(t, tmp_path, _plan(tmp_path, site, name=name, then=_cached_then(tmp_path, folder, **kw)))
+        return staged, background.wait(t, folder, timeout=30)
+
+    assert stage("r1", code="1")[1].rc == 1
+    assert not list((tmp_path / "state" / "smoke-verdicts").iterdir())    # nothing kept of a failure
+    staged, v = stage("r2", code="1")
+    assert staged.smoke_reused is None and v.rc == 1 and _runs(tmp_path) == 2
+    stage("r3")
+    assert stage("r4", key="other tests")[0].smoke_reused is None and _runs(tmp_path) == 4
+    for entry in (tmp_path / "state" / "smoke-verdicts").iterdir():
+        entry.write_text("not a verdict\n")                     # damaged: run again, not trusted
+    assert stage("r5")[0].smoke_reused is None and _runs(tmp_path) == 5
+
+
+def test_a_prestages_passed_runner_is_not_kept_once_the_site_changed(t, tmp_path, site):
+    """--prestage: the verdict its runner left is this deploy's only while nothing it imports from
+    changed since it started (a pip install between the prestage and the deploy runs it again)."""
+    time.sleep(2)
+    folder = str(tmp_path / "state" / "releases" / "r1" / "smoke")
+    _stage(t, tmp_path, _plan(tmp_path, site, then=_cached_then(tmp_path, folder)))      # the prestage
+    assert background.wait(t, folder, timeout=30).rc == 0
+    assert _stage(t, tmp_path, _plan(tmp_path, site, reuse=True, then=_cached_then(tmp_path, folder))).smoke_kept
+    (site / "pkg" / "dep.py").write_text("")
+    staged = _stage(t, tmp_path, _plan(tmp_path, site, reuse=True, then=_cached_then(tmp_path, folder)))
+    assert (staged.reused, staged.smoke_kept, staged.smoke_reused) == (True, False, None)
+    assert background.wait(t, folder, timeout=30).rc == 0 and _runs(tmp_path) == 2
