@@ -15,6 +15,11 @@ With `reuse`, a folder already at `<final>` whose manifest.json and secrets/env 
 the header's (a release --prestage staged) is used as it is, and so is the smoke runner the
 prestage started in it when its input is this one's and it passed or still runs (`kept`): the
 later host's smoke verdict is then ready, or nearly, when its deploy asks for it.
+With the runner's `cache` (smoke_run.prepare, `smoke.reuse`), a passing verdict kept for the same
+key is replayed into the new release's runner folder instead of starting the runner, when a
+`find` over what the runner imports from (`roots`), started before the build and read after it,
+sees no inode changed since that verdict's run began; a prestage's passed runner is kept only
+under the same check.
 """
 
 from __future__ import annotations
@@ -149,8 +154,9 @@ def roots(extra):
 def entry_path(cache):
     """The verdict's file: the controller's key for the runner's input and release content, with
     what only the host knows (its python, sys.path, environment, GPU driver)."""
-    skip = {"SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "PWD", "OLDPWD", "SHLVL", "_"}
-    env = sorted((k, v) for k, v in os.environ.items() if k not in skip)
+    skip = {"PWD", "OLDPWD", "SHLVL", "_"}
+    env = sorted((k, v) for k, v in os.environ.items()
+                 if k not in skip and not k.startswith(("SSH_", "XDG_SESSION_")))     # per session
     driver = (read("/proc/driver/nvidia/version") or b"").decode("utf-8", "replace")
     data = [cache["key"], sys.executable, sys.version, sys.path, env, driver]
     return os.path.join(cache["dir"], hashlib.sha256(json.dumps(data).encode()).hexdigest())
