@@ -8,17 +8,21 @@ be read from outside.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import py_compile
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fleetspec.lab import cgroups, image, network, profiles
+from fleetspec.lab import cgroups, envs, image, network, profiles
 from fleetspec.lab.engine import files as engine_files
 
 RUN = Path(os.environ.get("FLEETSPEC_LAB_RUN", "/run/fleetspec-lab"))
@@ -29,6 +33,7 @@ LAB_USERS = {
     "nosudo": (1002, None),                                 # no sudo rule at all
     "pwsudo": (1003, "pwsudo ALL=(ALL:ALL) ALL"),           # sudo that asks for a password
 }
+HOST_CACHE_TAG = "cpython-311"      # Debian 12's python, every lab host's venv
 ENGINE_JSON = {"load_seconds": 1.0, "warmup_seconds": 0.5, "step_seconds": 0.02}
 
 
@@ -139,7 +144,31 @@ def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes
     site = image.site_packages(profile.version)
     for rel, data in engine_files().items():
         _write(upper, lowers, f"{site}/{rel}", data)
+    stub = {f"torchvision/{name}": text.encode() for name, text in envs.TORCHVISION_STUB.items()
+            if any((lo / site.lstrip("/") / "torchvision" / name).exists() for lo in lowers)}
+    for rel, data in byte_code({**engine_files(), **stub}, site).items():
+        _write(upper, lowers, f"{site}/{rel}", data)
     add_users(upper, lowers, client_pub)
+
+
+def byte_code(sources: dict[str, bytes], site: str) -> dict[str, bytes]:
+    """Byte code for the lab's own modules (its engine, the torchvision stub), as pip compiles what
+    it installs, so the engine's first start writes nothing into site-packages (which a smoke
+    verdict's check would count as a change of the install). Checked-hash pycs: valid while the
+    source hashes the same, whatever its mtime. None when this python's tag is not the hosts'."""
+    if sys.implementation.cache_tag != HOST_CACHE_TAG:
+        return {}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel, data in sources.items():
+            if not rel.endswith(".py"):
+                continue
+            src, pyc = Path(tmp) / "m.py", Path(tmp) / "m.pyc"
+            src.write_bytes(data)
+            py_compile.compile(str(src), cfile=str(pyc), dfile=f"{site}/{rel}", doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            out[importlib.util.cache_from_source(rel)] = pyc.read_bytes()
+    return out
 
 
 def _lower_bytes(lowers: list[Path], rel: str) -> tuple[bytes, os.stat_result]:
