@@ -147,13 +147,15 @@ def test_a_redeploy_replays_the_smoke_verdict_until_the_sglang_install_changes(l
     """Deploy, roll back, deploy the same again: the second deploy's stage replays the first one's
     passing verdict (real sglang 0.5.13.post1 in the host's venv; its runner never starts) and its
     smoke step reads the same result. A file touched in sglang's install (content unchanged,
-    ctime new) makes the third deploy run the tests again."""
+    ctime new) makes the third deploy run the tests again. (A deploy before them warms the host:
+    the first one after the lab's boot changes its overlay folders' xattrs.)"""
     def deploy() -> str:
         r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json", check_rc=0)
         release = json.loads(r.stdout.strip().splitlines()[-1])["release"]
         fs(lab_fleet, "rollback", HOST, check_rc=0)
         return release
 
+    deploy()    # after a boot, overlayfs's first lookups change the install's folders (README): not judged
     first = deploy()
     first_stage, first_smoke = _stage_and_smoke(lab_fleet, first)
     second = deploy()
