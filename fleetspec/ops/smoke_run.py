@@ -10,7 +10,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from shlex import quote as q
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import FleetspecError, UserError
@@ -112,7 +111,7 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
         script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
         return run, stage_host.Then(run.folder, script, payload)
     script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice(),
-                                     on_success=_keep_verdict(run.folder))
+                                     on_success=stage_host.keep_verdict(run.folder))
     site = pf.sglang.site_packages or ""
     key = verdict_key(str(rel), pf.python, command, payload, pf.patch_files(), pf.kernel_files(),
                       site, pf.sglang.version or "")
@@ -135,15 +134,6 @@ def verdict_key(release_dir: str, python: str, command: str, payload: str, patch
             "kernels": {n: hashlib.sha256(b).hexdigest() for n, b in sorted(kernels.items())},
             "code": [hashlib.sha256(Path(str(m.__file__)).read_bytes()).hexdigest() for m in (smoke, sys.modules[__name__])]}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def _keep_verdict(folder: str) -> str:
-    """Shell run after the runner exits 0: its output, headed by the second it started and its
-    folder, becomes the verdict file the stage command named in $FLEETSPEC_SMOKE_VERDICT."""
-    f = folder.rstrip("/")
-    return (f'v="${{FLEETSPEC_SMOKE_VERDICT:-}}"; [ -z "$v" ] || {{ {{ printf \'%s %s\\n\' '
-            f'"$(cat {q(f + "/started")})" {q(f)}; cat -- {q(f + "/out")}; }} >"$v.tmp" && '
-            f'mv -f -- "$v.tmp" "$v"; }} 2>/dev/null || true')
 
 
 def finish(t: TransportLike, run: SmokeRun) -> dict:

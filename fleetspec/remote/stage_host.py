@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from shlex import quote as q
 from typing import cast
 
 from fleetspec.errors import RemoteError
@@ -251,6 +252,16 @@ except (Failed, OSError, ValueError, KeyError) as err:
     sys.stderr.write("FLEETSPEC-STAGE-FAILED " + " ".join(str(err).split())[:400] + "\n")
     sys.exit(1)
 '''
+
+
+def keep_verdict(folder: str) -> str:
+    """Shell for a runner's `on_success` (background.start_script): its output, headed by the
+    second it started and its folder (what PROGRAM's `look` and `replay` read), becomes the
+    verdict file PROGRAM named in $FLEETSPEC_SMOKE_VERDICT."""
+    f = folder.rstrip("/")
+    return (f'v="${{FLEETSPEC_SMOKE_VERDICT:-}}"; [ -z "$v" ] || {{ {{ printf \'%s %s\\n\' '
+            f'"$(cat {q(f + "/started")})" {q(f)}; cat -- {q(f + "/out")}; }} >"$v.tmp" && '
+            f'mv -f -- "$v.tmp" "$v"; }} 2>/dev/null || true')
 
 
 @dataclass

@@ -217,10 +217,8 @@ def _cached_then(tmp_path, folder, key="k1", code="0"):
     state as smoke_run.prepare sets one up (the site folder among what it watches)."""
     src = (f"import sys; open({str(tmp_path / 'runs')!r}, 'a').write('x'); "
            f"print(sys.stdin.read().upper()); print('at', {folder!r}); sys.exit({code})")
-    keep = ('v="${FLEETSPEC_SMOKE_VERDICT:-}"; [ -z "$v" ] || { { printf \'%s %s\\n\' '
-            f'"$(cat {folder}/started)" {folder}; cat -- {folder}/out; }} >"$v.tmp" && mv -f -- "$v.tmp" "$v"; }}')
     script = background.start_script(folder, files.python_c(sys.executable, src, rundir=str(tmp_path / "run")),
-                                      timeout_s=60, on_success=keep)
+                                      timeout_s=60, on_success=stage_host.keep_verdict(folder))
     cache = {"dir": str(tmp_path / "state" / "smoke-verdicts"), "key": key, "roots": [str(tmp_path / "site")]}
     return stage_host.Then(folder, script, "smoke input", cache)
 
