@@ -129,7 +129,8 @@ def verdict_key(release_dir: str, python: str, command: str, payload: str, patch
 
     def own(text: str) -> str:
         return text.replace(release_dir, "<release>")
-    data = {"command": own(command), "input": own(payload), "site_packages": site_packages, "sglang": version,
+    data = {"python": python, "command": own(command), "input": own(payload), "site_packages": site_packages,
+            "sglang": version,
             "patch": {p: hashlib.sha256(b).hexdigest() for p, b in sorted(patch.items())},
             "kernels": {n: hashlib.sha256(b).hexdigest() for n, b in sorted(kernels.items())},
             "code": [hashlib.sha256(Path(str(m.__file__)).read_bytes()).hexdigest() for m in (smoke, sys.modules[__name__])]}
