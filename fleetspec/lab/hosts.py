@@ -142,11 +142,12 @@ def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes
         {"name": name, "profile": profile.like, "sglang_version": profile.version,
          "venv": profile.venv}, indent=1) + "\n").encode())
     site = image.site_packages(profile.version)
-    for rel, data in engine_files().items():
+    engine = engine_files()
+    for rel, data in engine.items():
         _write(upper, lowers, f"{site}/{rel}", data)
     stub = {f"torchvision/{name}": text.encode() for name, text in envs.TORCHVISION_STUB.items()
             if any((lo / site.lstrip("/") / "torchvision" / name).exists() for lo in lowers)}
-    for rel, data in byte_code({**engine_files(), **stub}, site).items():
+    for rel, data in byte_code({**engine, **stub}, site).items():
         _write(upper, lowers, f"{site}/{rel}", data)
     add_users(upper, lowers, client_pub)
 

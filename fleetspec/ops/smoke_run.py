@@ -107,15 +107,15 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
     env = {"PYTHONPATH": str(rel / "overlay")} if pf.patchset and pf.patchset.files else {}
     command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
     payload = _payload([(n, s) for n, s, _ in run.scripts]).decode()
-    if not pf.playbook.smoke.reuse:
-        script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice())
-        return run, stage_host.Then(run.folder, script, payload)
+    reuse = pf.playbook.smoke.reuse
     script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice(),
-                                     on_success=stage_host.keep_verdict(run.folder))
-    site = pf.sglang.site_packages or ""
-    key = verdict_key(str(rel), pf.python, command, payload, pf.patch_files(), pf.kernel_files(),
-                      site, pf.sglang.version or "")
-    cache = {"dir": str(state.layout.smoke_verdicts), "key": key, "roots": [site] if site else []}
+                                     on_success=stage_host.keep_verdict(run.folder) if reuse else "")
+    cache = None
+    if reuse:
+        site = pf.sglang.site_packages or ""
+        key = verdict_key(str(rel), pf.python, command, payload, pf.patch_files(), pf.kernel_files(),
+                          site, pf.sglang.version or "")
+        cache = {"dir": str(state.layout.smoke_verdicts), "key": key, "roots": [site] if site else []}
     return run, stage_host.Then(run.folder, script, payload, cache)
 
 

@@ -153,3 +153,20 @@ def test_a_verdicts_key_ignores_the_release_folder_and_follows_every_input():
     assert key(payload='[["parse", "argv = [\'--tp\', \'4\']; k = \'{r}/kernels\'"]]') != base
     assert key(patch=b"X = 2\n") != base and key(kernels={"k.so": b"\x7fELF"}) != base
     assert key(version="0.5.23") != base
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_smoke_reuse_false_keeps_no_verdict_and_asks_for_none(tmp_path, reuse):
+    """smoke.reuse: true gives the stage command a verdict cache (one key for two releases of the
+    same content) and the runner the hook that keeps its verdict; false gives neither."""
+    pf = SimpleNamespace(python="/venv/bin/python3", patchset=None, playbook=SimpleNamespace(smoke=Smoke(reuse=reuse)),
+                         sglang=SimpleNamespace(site_packages="/venv/site", version="0.5.13.post1"),
+                         smoke_scripts=lambda kernels_dir: [("imports", f"print({kernels_dir!r})", None)],
+                         patch_files=lambda: {}, kernel_files=lambda: {})
+    state = _state(None, tmp_path)
+    thens = [smoke_run.prepare(pf, state, rid)[1] for rid in ("r1", "r2")]
+    if reuse:
+        assert thens[0].cache["key"] == thens[1].cache["key"] and thens[0].cache["roots"] == ["/venv/site"]
+        assert thens[0].cache["dir"] == str(state.layout.smoke_verdicts) and "FLEETSPEC_SMOKE_VERDICT" in thens[0].script
+    else:
+        assert thens[0].cache is None and "FLEETSPEC_SMOKE_VERDICT" not in thens[0].script
