@@ -13,7 +13,10 @@ and load; the smoke step is fleetspec's own work and counts as own; "first" is r
 deploy whose smoke tests run, "repeat" the median of the later runs, redeploys of the same
 content whose smoke verdict is replayed (smoke.reuse)), the fleetspec process's CPU
 time (user+sys) in all and per host, SSH commands per host (bench/counted.py), rollback, bytes
-sent, peak RSS, each with its ratio against N = 1 of the same series. Then a least-squares fit
+sent, peak RSS, each with its ratio against N = 1 of the same series. And the CPU the N hosts' containers
+used during each deploy (each lab host's cgroup), beside the controller's, over the machine's cores:
+the least wall time that work needs here (the CPU floor), which says how much of the growth with N
+is the shared cores. Then a least-squares fit
 of own time and client CPU against N per series, and the thin fit extrapolated to 500 hosts.
 Each size starts with one unrecorded deploy (the first smoke import took 23 s cold where the next
 took 5 s, which made N = 1 the slowest row; and a host's first deploy after its boot changes the
@@ -79,6 +82,45 @@ def sent_bytes(host: str, release: str) -> int:
     return -1
 
 
+def cgroup_cpu_seconds(folder: Path) -> float | None:
+    """CPU seconds a cgroup and its children have used: cgroup v1's cpuacct.usage (ns) or v2's
+    cpu.stat usage_usec; None where the folder has neither."""
+    try:
+        return int((folder / "cpuacct.usage").read_text()) / 1e9
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in (folder / "cpu.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def host_cpu(hosts: list[str]) -> float:
+    """CPU seconds the hosts' containers have used so far, summed: every process of a lab host
+    (sshd, fleetspec's remote programs, systemd, the engine) runs in its own cgroup (LAB.md)."""
+    from fleetspec.lab.hosts import HostState
+
+    total = 0.0
+    for host in hosts:
+        state = HostState.load(host)
+        used = None
+        for folder in (state.cgroups if state else []):
+            if (used := cgroup_cpu_seconds(Path(folder))) is not None:
+                break
+        if used is None:
+            raise SystemExit(f"no CPU accounting for lab host {host}'s cgroup ({state.cgroups if state else 'no state'})")
+        total += used
+    return total
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
 def bench_hosts(kind: str, n: int) -> list[str]:
     """full: 0.5.23 DFlash hosts like ct200; thin: the same shape with the engine that imports nothing."""
     return [f"tn{1 + i}" for i in range(n)] if kind == "thin" else [f"ct{210 + i}" for i in range(n)]
@@ -98,9 +140,11 @@ def measure(n: int, runs: int, kind: str = "full", warm_up: bool = False) -> dic
         status_walls.append(wall)
         status_cpu.append(CPU["last"])
     deploy_walls, own, rss, first_bytes, repeat_bytes, recover, overhead = [], [], [], [], [], [], []
-    client_cpu, steps, commands, failed = [], [], [], []
+    client_cpu, steps, commands, failed, hosts_cpu = [], [], [], [], []
     for i in range(runs):
+        before = host_cpu(hosts)
         r, wall, peak = fs("deploy", *hosts, "--algo", "ddtree", "--serial", "100%", "--yes", "--no-gates", "--json")
+        hosts_cpu.append(host_cpu(hosts) - before)
         outs = json_lines(r.stdout)
         if len(outs) != n:
             raise SystemExit(f"deploy failed at N={n} ({kind}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
@@ -132,6 +176,10 @@ def measure(n: int, runs: int, kind: str = "full", warm_up: bool = False) -> dic
             "rollback_recovery_s": med(recover), "rollback_overhead_s": med(overhead),
             "first_deploy_bytes": med(first_bytes), "repeat_deploy_bytes": med(repeat_bytes) if repeat_bytes else None,
             "peak_rss_mib": round(max(rss) / 1024, 1), "failed": failed,
+            "deploy_first_s": deploy_walls[0], "deploy_repeat_s": med(deploy_walls[1:]) if runs > 1 else None,
+            "client_cpu_first_s": client_cpu[0], "client_cpu_repeat_s": med(client_cpu[1:]) if runs > 1 else None,
+            "hosts_cpu_first_s": hosts_cpu[0], "hosts_cpu_repeat_s": med(hosts_cpu[1:]) if runs > 1 else None,
+            "cores": cores(),
             "steps_s": {name: round(med(s.get(name, 0.0) for s in steps), 2) for name in steps[0]}}
 
 
@@ -194,6 +242,26 @@ def steps_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_table(rows: list[dict]) -> str:
+    """What the lab's shared cores allow: the CPU every host's container and the controller used
+    during one deploy, over the cores they share, is the least wall time any schedule of that work
+    needs on this machine ("CPU floor"). Where the floor is most of the deploy's wall time, the
+    machine was busy throughout, and the growth with N is the cores, not fleetspec waiting."""
+    lines = ["| kind | N | run | deploy s | own s | hosts' CPU s | per host s | client CPU s | cores | "
+             "CPU floor s | floor / deploy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "hosts_cpu_first_s" not in r:        # rows from before these columns
+            continue
+        for run, own in (("first", r["deploy_own_first_s"]), ("repeat", r["deploy_own_repeat_s"])):
+            wall, hosts_cpu, client = (r.get(f"{k}_{run}_s") for k in ("deploy", "hosts_cpu", "client_cpu"))
+            if wall is None:
+                continue
+            floor = (hosts_cpu + client) / r["cores"]
+            lines.append(f"| {r.get('kind', 'full')} | {r['n']} | {run} | {wall:.2f} | {own:.2f} | {hosts_cpu:.2f} | "
+                         f"{hosts_cpu / r['n']:.2f} | {client:.2f} | {r['cores']} | {floor:.2f} | {floor / wall:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 8], help="full stand-in hosts")
@@ -231,7 +299,8 @@ def main() -> int:
     failures = [f"- {r.get('kind', 'full')} N={r['n']}: {f['host']} {f['status']} at {f['failed_step']}: {f['reason']}"
                 for r in rows for f in r.get("failed", [])]
     text = (table(rows) + ("\n\nHosts that failed:\n" + "\n".join(failures) if failures else "") + "\n\nSeconds per deploy step on the slowest host:\n\n" + steps_table(rows)
-            + "\n\n" + scaling.report(rows))
+            + "\n\nCPU used during one deploy, hosts' containers and the controller, against the machine's cores:\n\n"
+            + cpu_table(rows) + "\n\n" + scaling.report(rows))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
