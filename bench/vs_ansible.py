@@ -9,7 +9,9 @@ fleetspec's deploy (no gates) and rollback three ways: with smoke.reuse: false (
 run, as on a first deploy of new content), with smoke.when: beside-load and smoke.reuse: false
 (the tests run while the new engine loads, not before the switch), and the default twice: its
 first deploy runs the tests (Ansible changed the install) and keeps the verdict, its second, the
-one recorded, replays it (a redeploy of the same content); a failed
+one recorded, replays it (a redeploy of the same content); and `deploy --stage-only` (smoke.reuse:
+false: its tests run) followed by the deploy that switches to that staged release, the deploy's
+time recorded apart from the staging's (staging is done before a maintenance window); a failed
 deploy (lab fault crash_at_start on DDTREE) until the baseline is healthy again, and status of
 ct129 + ct200. Median of --runs; ratios are fleetspec's
 time over Ansible's. The engine is the lab's stand-in: every time here is a stand-in figure.
@@ -208,7 +210,8 @@ def main() -> int:
                                              "fs_deploy_down", "fs_deploy_engine", "ans_down",
                                              "fs_failed_down", "ans_failed_down",
                                              "fs_beside", "fs_beside_engine", "fs_beside_down",
-                                             "fs_fresh", "fs_fresh_engine", "fs_fresh_down")}
+                                             "fs_fresh", "fs_fresh_engine", "fs_fresh_down",
+                                             "fs_stage_only", "fs_ahead", "fs_ahead_engine", "fs_ahead_down")}
 
     def need(result, rc: int, what: str) -> float:
         if result[0] != rc:
@@ -244,6 +247,9 @@ def main() -> int:
         # next deploy runs its smoke tests (and keeps the verdict), and only the one after replays.
         fs_deploy(fresh, "fleetspec deploy, smoke.reuse: false", "fs_fresh")
         fs_deploy(beside, "fleetspec deploy, smoke beside the load", "fs_beside")
+        rows["fs_stage_only"].append(need(fs("deploy", HOST, "--algo", "ddtree", "--stage-only", "--json", root=fresh),
+                                          0, "fleetspec deploy --stage-only, smoke.reuse: false"))
+        fs_deploy(fresh, "fleetspec deploy of the release staged ahead", "fs_ahead")
         fs_deploy(ROOT, "fleetspec deploy (the default), its smoke tests run after Ansible's change", None)
         fs_deploy(ROOT, "fleetspec deploy (the default), smoke verdict replayed", "fs_deploy")
         rows["fs_status"].append(need(fs("status", HOST, OTHER, "--json"), 0, "fleetspec status"))
@@ -276,6 +282,8 @@ def table(m: dict, runs: int) -> str:
                          "fs_deploy", "ans_deploy"),
                         ("deploy, no gates, smoke run beside the load (smoke.when: beside-load, smoke.reuse: false)",
                          "fs_beside", "ans_deploy"),
+                        ("deploy, no gates, of a release staged ahead (`deploy --stage-only` before it; its tests ran "
+                         "there)", "fs_ahead", "ans_deploy"),
                         ("rollback", "fs_rollback", "ans_rollback"),
                         ("failed deploy (crash at start) until healthy again on NEXTN", "fs_failed", "ans_failed"),
                         ("status, 2 hosts", "fs_status", "ans_status")):
@@ -286,14 +294,16 @@ def table(m: dict, runs: int) -> str:
                   f"{fo / ao:.2f} (target ≤ 0.3); with the verdict replayed {m['fs_deploy'] - load:.2f} s, ratio "
                   f"{(m['fs_deploy'] - load) / ao:.2f}; with the tests run beside the load "
                   f"{m['fs_beside'] - load:.2f} s, ratio "
-                  f"{(m['fs_beside'] - load) / ao:.2f}. (The engine's own wait in each: smoke run "
+                  f"{(m['fs_beside'] - load) / ao:.2f}; of a release staged ahead {m['fs_ahead'] - load:.2f} s, ratio "
+                  f"{(m['fs_ahead'] - load) / ao:.2f} (its `deploy --stage-only`, before the window: "
+                  f"{m['fs_stage_only']:.2f} s). (The engine's own wait in each: smoke run "
                   f"{m['fs_fresh_engine']:.2f} s, replayed {m['fs_deploy_engine']:.2f} s, beside the load "
-                  f"{m['fs_beside_engine']:.2f} s.)", "",
+                  f"{m['fs_beside_engine']:.2f} s, staged ahead {m['fs_ahead_engine']:.2f} s.)", "",
               "Service down (ct129's /health not 200, seen from the host every 50 ms) during:", "",
               "| deploy | fleetspec s | Ansible s | ratio | fleetspec beyond the engine's load s | Ansible beyond it s |",
               "|---|---|---|---|---|---|"]
     for label, key in (("smoke run", "fs_fresh_down"), ("smoke verdict replayed", "fs_deploy_down"),
-                       ("smoke run beside the load", "fs_beside_down")):
+                       ("smoke run beside the load", "fs_beside_down"), ("of a release staged ahead", "fs_ahead_down")):
         lines.append(f"| deploy, no gates, {label} | {m[key]:.2f} | {m['ans_down']:.2f} | {m[key] / m['ans_down']:.2f} "
                      f"| {m[key] - load:.2f} | {m['ans_down'] - load:.2f} |")
     lines.append(f"| failed deploy (crash at start), until NEXTN answers again | {m['fs_failed_down']:.2f} "

@@ -28,14 +28,19 @@ from fleetspec.cli.output import Progress, echo_table
 @click.option("--rollback-all-on-abort", is_flag=True, help="On abort, also roll back hosts moved in this run.")
 @click.option("--prestage", is_flag=True,
               help="While the first batch deploys, stage the release on the later batches' hosts (nothing live changes).")
+@click.option("--stage-only", is_flag=True,
+              help="Stage the release and run its smoke tests on every host, then stop (nothing live changes): "
+                   "the next deploy of this algo switches to it, sending nothing.")
 @click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
-           parallel, rollback_all_on_abort, prestage, yes, as_json):
+           parallel, rollback_all_on_abort, prestage, stage_only, yes, as_json):
     """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
     background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
-    Any failure after the switch reverts the host (exit 1).
+    Any failure after the switch reverts the host (exit 1). --stage-only ends after the smoke
+    verdict, nothing live changed (`deploy @gpu --algo ddtree --stage-only`); the next deploy
+    of that algo switches to the staged release.
 
     \b
     Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
@@ -46,9 +51,22 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     from fleetspec.ops.smoke_run import smoke_nice
 
     smoke_nice()                          # a bad $FLEETSPEC_SMOKE_NICE is refused before any host is touched
+    if stage_only:
+        _refuse_with_stage_only(plan=plan_only, prestage=prestage, canary=canary,
+                                rollback_all_on_abort=rollback_all_on_abort)
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
     options = parse_overrides(playbook, sets)
+    if stage_only:
+        progress = Progress(enabled=not as_json)
+        outcomes = fleet.stage_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
+                                     parallel=parallel, mode=mode, echo=progress.echo)
+        progress.line(None)
+        _print_outcomes(outcomes, as_json)
+        if not as_json and any(o.status == "staged" for o in outcomes):
+            click.echo(f"next: fleetspec deploy {' '.join(o.host for o in outcomes if o.status == 'staged')} "
+                       f"--algo {algo} switches to the staged release (nothing sent, its smoke verdict kept)")
+        sys.exit(max((o.exit_code for o in outcomes), default=0))
     strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
                                     parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,
                                     prestage=prestage)
@@ -60,15 +78,30 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
                                   echo=progress.echo, progress=progress.line,
                                   pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
     progress.line(None)
-    if as_json:
-        for o in outcomes:
-            click.echo(json.dumps(o.to_json(), default=str, sort_keys=True))
-    elif plan_only:
+    if plan_only and not as_json:
         for o in outcomes:
             _print_plan(o)
     else:
-        _print_deploy_summary(outcomes)
+        _print_outcomes(outcomes, as_json)
     sys.exit(max((o.exit_code for o in outcomes), default=0))
+
+
+def _refuse_with_stage_only(**given) -> None:
+    """--stage-only stops before the switch: an option about switching is a mistake, said at once."""
+    from fleetspec.errors import UserError
+
+    for name, value in given.items():
+        if value:
+            raise UserError(f"--stage-only cannot be combined with --{name.replace('_', '-')}: it stages and "
+                            "smoke-tests, and switches nothing")
+
+
+def _print_outcomes(outcomes, as_json: bool) -> None:
+    if as_json:
+        for o in outcomes:
+            click.echo(json.dumps(o.to_json(), default=str, sort_keys=True))
+    else:
+        _print_deploy_summary(outcomes)
 
 
 def _print_plan(o) -> None:

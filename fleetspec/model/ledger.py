@@ -98,6 +98,16 @@ class ParsedLedger:
                 out.setdefault(e.release, STARTED)
         return out
 
+    def staged_ahead(self, algo: str | None = None) -> list[str]:
+        """Releases `deploy --stage-only` staged (for `algo`, when given) that nothing has used or
+        abandoned since: their latest status is still that stage's "staged" line. Oldest first."""
+        latest: dict[str, Entry] = {}
+        for e in self.entries:
+            if e.kind == "status" and e.release != "baseline":
+                latest[e.release] = e
+        return sorted(r for r, e in latest.items() if e.state == STAGED and e.detail.get("ahead")
+                      and (algo is None or e.detail.get("algo") == algo))
+
     def last_step(self, release: str) -> Entry | None:
         steps = [e for e in self.entries if e.release == release and e.kind == "step"]
         return steps[-1] if steps else None

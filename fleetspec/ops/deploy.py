@@ -34,6 +34,7 @@ class Deploy:
         self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
         self.t = self.state.carrier()      # each command carries the deferred ledger lines
         self.release_id = req.release_id or new_release_id(req.playbook.algo)
+        self.reuse_staged = req.release_id is not None   # a prestaged or staged-ahead release, taken if as planned
         self.started = time.monotonic()
         self.engine_wait = 0.0
         self.step_seconds: dict[str, float] = {}
@@ -55,6 +56,9 @@ class Deploy:
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
+        if not self.reuse_staged and self.pf.staged_ahead:
+            self.release_id, self.reuse_staged = self.pf.staged_ahead, True
+            self.echo(self.pf.staged_ahead_note)
         with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
                         **self.state.lock_reads) as lock:
             self.lock = lock
@@ -173,7 +177,7 @@ class Deploy:
     def _stage(self) -> dict:
         run, then = smoke_run.prepare(self.pf, self.state, self.release_id)
         staged = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous, mode=self.req.mode,
-                                 reuse=self.req.release_id is not None, then=then,
+                                 reuse=self.reuse_staged, then=then,
                                  ledger=L.parse(self.lock.read_text or ""))    # read under the lock
         self.release, self.smoke_run = staged.release, run     # the runner started in the same command
         self.state.defer(L.Entry.status(self.release_id, L.STAGED))   # with the next step's first line

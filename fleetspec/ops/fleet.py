@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Callable
 
 from fleetspec.errors import FleetspecError, UserError
 from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest
+from fleetspec.ops.outcome import Outcome, StepFailed
 
 Connect = Callable[[Any], Any]   # host -> its transport (the command's pool keeps one per host)
 
@@ -70,13 +72,45 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
                             options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id)
         return Deploy(connect(host), req, echo=echo, progress=progress).run()
     except FleetspecError as err:
-        status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
-        if status != "refused":
-            echo(f"[{host.name}] {status}: {err}")
-        out = DeployOutcome(host.name, status, reason=str(err), exit_code=err.exit_code)
-        if getattr(err, "command", None):
-            out.evidence["command"] = err.command
+        return _error_outcome(host, err, echo)
+
+
+def _error_outcome(host, err: FleetspecError, echo) -> DeployOutcome:
+    """A host's error as its outcome (refused: bad input, exit 2; needs_attention: exit 3; else failed)."""
+    status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
+    if status != "refused":
+        echo(f"[{host.name}] {status}: {err}")
+    out = DeployOutcome(host.name, status, reason=str(err), exit_code=err.exit_code)
+    if isinstance(err, StepFailed):
+        out.failed_step = err.step
+    if getattr(err, "command", None):
+        out.evidence["command"] = err.command
+    return out
+
+
+def stage_fleet(hosts, playbook, *, connect: Connect, root: Path, options, parallel: int = 0, mode="release",
+                echo=print) -> list[DeployOutcome]:
+    """`deploy --stage-only`: stage each host and read its smoke verdict, `parallel` at a time
+    (default all); nothing that runs changes. A host's next deploy of this algo takes its release."""
+    from fleetspec.ops.prestage import stage_ahead
+
+    def one(host) -> DeployOutcome:
+        began = time.monotonic()
+        try:
+            rid = stage_ahead(connect(host), DeployRequest(host=host, playbook=playbook, root=root, mode=mode,
+                                                           options=options), echo)
+        except FleetspecError as err:
+            out = _error_outcome(host, err, echo)
+            out.release = getattr(err, "evidence", {}).get("release")
+            if out.status == "failed":
+                out.reason += "; nothing live changed"
+        else:
+            out = DeployOutcome(host.name, Outcome.STAGED, release=rid)
+        out.seconds = time.monotonic() - began
         return out
+
+    with ThreadPoolExecutor(max_workers=min(len(hosts), parallel or len(hosts)) or 1, thread_name_prefix="stage") as pool:
+        return list(pool.map(one, hosts))
 
 
 def _prestaged_id(host, prestaged, echo) -> str | None:

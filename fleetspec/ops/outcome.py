@@ -39,6 +39,7 @@ class Outcome(StrEnum):
     HEALTHY = "healthy"
     ROLLED_BACK = "rolled_back"
     PLANNED = "planned"
+    STAGED = "staged"                  # deploy --stage-only: staged and smoke-tested, nothing live changed
     REFUSED = "refused"
     NEEDS_ATTENTION = "needs_attention"
     FAILED = "failed"

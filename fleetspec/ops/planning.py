@@ -61,7 +61,7 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
     return Plan(
         host=pf.host.name, service=pf.service, sglang=pf.sglang.version,
         algo=pf.playbook.algo, expected_algorithm=pf.playbook_algorithm,
-        notes=list(pf.notes), options=dict(pf.options.values),
+        notes=[*pf.notes, *([pf.staged_ahead_note] if pf.staged_ahead else [])], options=dict(pf.options.values),
         execstart_diff=pf.redact("".join(diff)), dropin=pf.redact(dropin_text(pf, fake)),
         files={p: sha(b) for p, b in pf.patch_files().items()},
         kernels={n: sha(b) for n, b in pf.kernel_files().items()},

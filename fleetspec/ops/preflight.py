@@ -99,10 +99,18 @@ class Preflight:
     before: Measurement | None = None             # the service's figures before the switch (gates)
     form: LaunchForm | None = None                # the baseline ExecStart's launch form
     launch: argv_ops.LaunchPlan | None = None     # kept/dropped/carried, env verdicts
+    staged_ahead: str | None = None               # the newest release `deploy --stage-only` left for this algo
 
     @property
     def layout(self) -> HostLayout:
         return HostLayout(self.service)
+
+    @property
+    def staged_ahead_note(self) -> str | None:
+        """Said by a deploy and its plan, never a release's own note (a manifest must not change with it)."""
+        return (f"{self.host.name}: release {self.staged_ahead} was staged ahead (deploy --stage-only): this deploy "
+                "switches to it, taken as it is when it would stage the same release (else restaged)"
+                if self.staged_ahead else None)
 
     @property
     def playbook_algorithm(self) -> str:
@@ -227,7 +235,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
                    sglang=sg, torch=tv, hybrid=hybrid, options=options, new_argv=launch.derived.argv,
                    patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard, form=svc.form,
-                   launch=launch, keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)))
+                   launch=launch, keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
+                   staged_ahead=next(reversed(L.parse(_raised(got["ledger"]) or "").staged_ahead(playbook.algo)), None))
     check_templates(pf)
     for note in notes:
         echo(note)

@@ -155,12 +155,15 @@ def abandon_unswitched(state: HostState, running: str, ledger: L.ParsedLedger | 
     from fleetspec.ops.smoke_run import stop as stop_smoke
 
     ledger = ledger if ledger is not None else state.ledger()
+    ahead = set(ledger.staged_ahead())
     out = []
     for rid in ledger.interrupted():
         if rid != running and ledger.releases()[rid] != L.SWITCHED:
             if is_name(rid):
                 stop_smoke(state.t, state, rid)
-            state.record(L.Entry.status(rid, L.FAILED, reason="interrupted before switch; host unchanged"))
+            reason = (f"staged ahead, never switched: superseded by {running}; host unchanged" if rid in ahead
+                      else "interrupted before switch; host unchanged")
+            state.record(L.Entry.status(rid, L.FAILED, reason=reason))
             out.append(rid)
     return out
 

@@ -143,7 +143,10 @@ def _fill_state(row: HostStatus, state, host: Host):
     if state is not None and state.interrupted:
         row.notes.append(f"{state.interrupted}; finish it with: fleetspec rollback {host.name}" if state.needs_rollback
                          else state.interrupted)
-    if state is not None and state.prestaged:
+    if state is not None and state.staged_ahead:
+        row.notes.append(f"release {state.prestaged} is staged ahead, not switched (host unchanged; its smoke tests "
+                         f"passed): fleetspec deploy {host.name} --algo {state.staged_ahead} switches to it")
+    elif state is not None and state.prestaged:
         row.notes.append(f"release {state.prestaged} is prestaged, not switched (host unchanged): this host's "
                          "deploy in the rollout uses it; if the rollout stopped, its next deploy marks it failed")
     if lock_note:

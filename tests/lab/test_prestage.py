@@ -79,3 +79,73 @@ def test_a_failed_canary_leaves_a_staged_release_the_next_deploy_marks_failed(pa
     preflight = [e for e in _lines(pair, other, new) if e["name"] == "preflight" and e["state"] == "ok"][0]
     assert preflight["detail"]["abandoned"] == [left]
     assert [e["state"] for e in _lines(pair, other, left) if e["kind"] == "status"] == ["staged", "failed"]
+
+
+def test_a_release_staged_ahead_is_what_the_next_deploy_switches_to(pair):
+    """`deploy --stage-only` (issue 17): the release is staged and its smoke tests run while the
+    host serves on, unchanged; the next deploy of that algo takes the release as it is: nothing
+    sent, no build, the staged smoke verdict kept, so the maintenance window holds only the switch."""
+    host = pair.hosts[1]
+    unit_before = pair.run(host, "systemctl cat sglang-qwen").stdout
+    pid_before = pair.run(host, "systemctl show -p MainPID --value sglang-qwen").stdout
+    r = fs(pair, "deploy", host, "--algo", "ddtree", "--stage-only", "--json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    row = json_rows(r.stdout)[0]
+    assert row["status"] == "staged" and row["exit_code"] == 0, row
+    rid = row["release"]
+    # nothing that runs changed: the unit with its drop-ins, the engine's process, no `current`
+    assert pair.run(host, "systemctl cat sglang-qwen").stdout == unit_before
+    assert pair.run(host, "systemctl show -p MainPID --value sglang-qwen").stdout == pid_before
+    assert pair.run(host, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode != 0
+    assert [e["state"] for e in _lines(pair, host, rid) if e["kind"] == "status"] == ["staged"]
+    smoke = [e for e in _lines(pair, host, rid) if e["name"] == "smoke" and e["state"] == "ok"]
+    assert len(smoke) == 1 and smoke[0]["detail"]["smoke"], smoke     # the verdict, read while staging
+    notes = json_rows(fs(pair, "status", host, "--json", check_rc=0).stdout)[0]["notes"]
+    assert any(f"release {rid} is staged ahead, not switched" in n and f"fleetspec deploy {host} --algo ddtree" in n
+               for n in notes), notes
+    planned = json_rows(fs(pair, "deploy", host, "--algo", "ddtree", "--plan", "--json", check_rc=0).stdout)[0]
+    assert any(f"release {rid} was staged ahead" in n for n in planned["plan"]["notes"]), planned
+
+    again = fs(pair, "deploy", host, "--algo", "ddtree", "--no-gates", "--yes", "--json")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    out = json_rows(again.stdout)[0]
+    assert out["status"] == "healthy" and out["release"] == rid, out
+    stages = [e for e in _lines(pair, host, rid) if e["name"] == "stage" and e["state"] == "ok"]
+    assert len(stages) == 2, stages
+    assert stages[1]["detail"]["prestaged"] is True and stages[1]["detail"]["sent_bytes"] == 0, stages[1]
+    assert stages[1]["detail"].get("smoke_kept") is True, stages[1]    # no second runner
+    assert [e["state"] for e in _lines(pair, host, rid) if e["kind"] == "status"] == \
+        ["staged", "staged", "switched", "healthy"]
+    preflight = [e for e in _lines(pair, host, rid) if e["name"] == "preflight" and e["state"] == "ok"][-1]
+    assert preflight["detail"]["abandoned"] == [], preflight
+
+
+def test_a_release_whose_smoke_tests_fail_while_staged_ahead_is_failed_and_nothing_changes(pair, tmp_path):
+    """A staged-ahead release whose smoke tests fail is marked failed (exit 1, the failing import
+    named), the host serving on untouched; the next deploy never takes it."""
+    from tests.lab import reliability_lab as R
+
+    host = pair.hosts[1]
+
+    def failing(data):
+        data["smoke"] = {"imports": ["sglang.srt.server_args", "fleetspec_lab_absent_module"]}
+
+    root = R.make_root(tmp_path / "root", [host], playbooks={"ddtree.yaml": failing})
+    unit_before = pair.run(host, "systemctl cat sglang-qwen").stdout
+    pid_before = pair.run(host, "systemctl show -p MainPID --value sglang-qwen").stdout
+    r = R.fs(root, "deploy", host, "--algo", "ddtree", "--stage-only", "--json")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    row = json_rows(r.stdout)[0]
+    assert row["status"] == "failed" and row["failed_step"] == "smoke", row
+    assert "fleetspec_lab_absent_module" in row["reason"] and "nothing live changed" in row["reason"], row
+    rid = row["release"]
+    assert pair.run(host, "systemctl cat sglang-qwen").stdout == unit_before
+    assert pair.run(host, "systemctl show -p MainPID --value sglang-qwen").stdout == pid_before
+    assert pair.run(host, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode != 0
+    story = [(e["state"], e["detail"].get("step")) for e in _lines(pair, host, rid) if e["kind"] == "status"]
+    assert story == [("failed", "smoke")], story
+    assert pair.run(host, f"test -e /var/lib/fleetspec/sglang-qwen/releases/{rid}/smoke/out").returncode == 0
+    notes = json_rows(fs(pair, "status", host, "--json", check_rc=0).stdout)[0]["notes"]
+    assert not any("staged ahead" in n or "died" in n for n in notes), notes
+    planned = json_rows(fs(pair, "deploy", host, "--algo", "ddtree", "--plan", "--json", check_rc=0).stdout)[0]
+    assert planned["status"] == "planned" and not any("staged ahead" in n for n in planned["plan"]["notes"]), planned

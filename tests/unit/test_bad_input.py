@@ -123,3 +123,13 @@ def test_the_cli_accepts_what_the_parser_accepts(root):
                             "--plan", "--yes"])
     assert result.exit_code == 1 and "--set" not in result.output, result.output
     assert "cannot reach 127.0.0.1:1" in result.output
+
+
+@pytest.mark.parametrize("extra", [["--plan"], ["--prestage"], ["--canary", "1"], ["--rollback-all-on-abort"]])
+def test_stage_only_refuses_what_only_a_switching_deploy_does(root, extra):
+    """`--stage-only` stops before the switch: options about switching batches are a mistake, said
+    in one line before any host is contacted (the inventory's host is unreachable)."""
+    (root / "inventory" / "lab.yaml").write_text(GOOD_INV)
+    (root / "playbooks" / "ddtree.yaml").write_text(GOOD_PB)
+    _assert_one_clean_line(_invoke(root, ["deploy", "a", "--algo", "ddtree", "--stage-only", *extra, "--yes"]),
+                           f"--stage-only cannot be combined with {extra[0]}")

@@ -190,3 +190,34 @@ def test_a_prestaged_release_waiting_for_its_deploy_is_not_a_deploy_that_died():
     own = L.Entry.status("R4", L.STAGED).to_line()
     died = release_state.parse(head + f"ledger={own}\nstatus={own}\nlock=free\n")
     assert died.prestaged is None and "R4 died" in died.interrupted
+
+
+def test_a_release_staged_ahead_names_its_algo_until_a_deploy_takes_it():
+    """`deploy --stage-only` writes status staged with ahead and its algo: status says which deploy
+    switches to it; a plain prestage names no algo; once a deploy writes after it, it is neither."""
+    from fleetspec.model import ledger as L
+
+    ahead = L.Entry.status("R5", L.STAGED, ahead=True, algo="ddtree").to_line()
+    head = "exists=yes\ncurrent=\nbaseline=yes\n"
+    waiting = release_state.parse(head + f"ledger={ahead}\nstatus={ahead}\nlock=free\n")
+    assert (waiting.prestaged, waiting.staged_ahead, waiting.interrupted) == ("R5", "ddtree", None)
+    pre = L.Entry.status("R4", L.STAGED, prestage=True).to_line()
+    assert release_state.parse(head + f"ledger={pre}\nstatus={pre}\nlock=free\n").staged_ahead is None
+    took = L.Entry.step("R5", "render", L.StepState.STARTED).to_line()
+    died = release_state.parse(head + f"ledger={took}\nstatus={ahead}\nlock=free\n")
+    assert (died.prestaged, died.staged_ahead) == (None, None) and "R5 died" in died.interrupted
+
+
+def test_the_ledger_lists_releases_staged_ahead_until_used_or_abandoned():
+    from fleetspec.model import ledger as L
+
+    lines = [L.Entry.status("20261203T100000Z-ddtree-aaaa", L.STAGED, ahead=True, algo="ddtree"),
+             L.Entry.status("20261203T110000Z-ddtree-bbbb", L.STAGED, ahead=True, algo="ddtree"),
+             L.Entry.status("20261203T103000Z-dflash-cccc", L.STAGED, ahead=True, algo="dflash"),
+             L.Entry.status("20261203T120000Z-ddtree-dddd", L.STAGED, prestage=True),
+             L.Entry.status("20261203T090000Z-ddtree-eeee", L.STAGED, ahead=True, algo="ddtree"),
+             L.Entry.status("20261203T090000Z-ddtree-eeee", L.FAILED, reason="superseded")]
+    parsed = L.parse("\n".join(e.to_line() for e in lines) + "\n")
+    assert parsed.staged_ahead("ddtree") == ["20261203T100000Z-ddtree-aaaa", "20261203T110000Z-ddtree-bbbb"]
+    assert parsed.staged_ahead("nextn") == []
+    assert len(parsed.staged_ahead()) == 3

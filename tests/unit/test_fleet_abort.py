@@ -52,7 +52,7 @@ def test_a_deploy_outcome_names_the_release_the_host_was_on(t, tmp_path, monkeyp
     from fleetspec.ops import deploy as deploy_mod
 
     unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
-    pf = SimpleNamespace(unit_bytes=unit, dropins={}, redact=lambda text: text, summary=lambda: {}, baseline=None,
+    pf = SimpleNamespace(staged_ahead=None, unit_bytes=unit, dropins={}, redact=lambda text: text, summary=lambda: {}, baseline=None,
                          playbook=None)
     monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
 

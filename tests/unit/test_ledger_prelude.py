@@ -136,7 +136,7 @@ def test_a_deploy_whose_ledger_fails_at_the_next_steps_first_command_fails_the_s
 
     from fleetspec.ops import deploy as deploy_mod
 
-    pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {})
+    pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {}, staged_ahead=None)
     monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
     ran = []
 

@@ -167,6 +167,8 @@ def test_a_lost_lock_stops_the_next_step_and_release_keeps_the_new_holders_recor
 class _Pf:
     """What Deploy.run reads of a preflight before `baseline`; the real preflight needs systemd."""
 
+    staged_ahead = None          # no release `deploy --stage-only` left
+
     def __init__(self, on_summary=lambda: None):
         self.on_summary = on_summary
 

@@ -83,7 +83,7 @@ def test_a_deploy_failing_before_the_switch_kills_the_smoke_runner_it_started(t,
     failure at render, and never reaches smoke or switch."""
     import fleetspec.ops.deploy as deploy_mod
 
-    pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {}, python=sys.executable)
+    pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {}, python=sys.executable, staged_ahead=None)
     monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
     started = {}
 

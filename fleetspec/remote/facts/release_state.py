@@ -47,16 +47,24 @@ class ReleaseState:
 
     @property
     def prestaged(self) -> str | None:
-        """The release a `deploy --prestage` staged here, when nothing was written after it: it
-        waits for this host's deploy in the rollout (or, the rollout stopped, for the next deploy
-        to mark it failed). Not a deploy that died: nothing was switched or left half done."""
+        """The release a `deploy --prestage` or `deploy --stage-only` staged here, when nothing was
+        written after it: it waits for this host's deploy in the rollout, or for the next deploy
+        of its algo (`staged_ahead`); a prestage whose rollout stopped, for the next deploy to mark
+        it failed. Not a deploy that died: nothing was switched or left half done."""
         from fleetspec.model import ledger as L
 
         last, status = self.last_entry or {}, self.last_status or {}
-        if (not self.locked and status.get("state") == L.STAGED and (status.get("detail") or {}).get("prestage")
+        detail = status.get("detail") or {}
+        if (not self.locked and status.get("state") == L.STAGED and (detail.get("prestage") or detail.get("ahead"))
                 and last == status):
             return status.get("release")
         return None
+
+    @property
+    def staged_ahead(self) -> str | None:
+        """The algo of the release `prestaged` names, when `deploy --stage-only` staged it."""
+        detail = (self.last_status or {}).get("detail") or {}
+        return detail.get("algo") if self.prestaged and detail.get("ahead") else None
 
     @property
     def needs_rollback(self) -> bool:
