@@ -61,7 +61,9 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             raise UserError(f"{host.name}: {target} is {statuses.get(target, 'unknown')}, not a healthy release; "
                             f"targets: baseline{', ' if healthy else ''}{', '.join(healthy)}")
         left = state.current(lock.link_target)
-        interrupted = ledger.interrupted()
+        # a release staged ahead changed nothing that runs and waits for its deploy: not a deploy to finish
+        ahead = set(ledger.staged_ahead())
+        interrupted = [rid for rid in ledger.interrupted() if rid not in ahead]
         record_under = left or (interrupted[-1] if interrupted else BASELINE)
         echo(f"[{host.name}] rollback {left or BASELINE} -> {target}")
         for rid in interrupted:

@@ -86,6 +86,8 @@ def test_a_release_staged_ahead_is_what_the_next_deploy_switches_to(pair):
     host serves on, unchanged; the next deploy of that algo takes the release as it is: nothing
     sent, no build, the staged smoke verdict kept, so the maintenance window holds only the switch."""
     host = pair.hosts[1]
+    if pair.run(host, "test -d /var/lib/fleetspec/sglang-qwen/baseline").returncode != 0:
+        fs(pair, "baseline", host, "--retake", check_rc=0)        # what the rollback below goes back to
     unit_before = pair.run(host, "systemctl cat sglang-qwen").stdout
     pid_before = pair.run(host, "systemctl show -p MainPID --value sglang-qwen").stdout
     r = fs(pair, "deploy", host, "--algo", "ddtree", "--stage-only", "--json")
@@ -103,6 +105,10 @@ def test_a_release_staged_ahead_is_what_the_next_deploy_switches_to(pair):
     notes = json_rows(fs(pair, "status", host, "--json", check_rc=0).stdout)[0]["notes"]
     assert any(f"release {rid} is staged ahead, not switched" in n and f"fleetspec deploy {host} --algo ddtree" in n
                for n in notes), notes
+    # a rollback meanwhile (to the baseline) leaves it waiting: it is no deploy to finish
+    back = json_rows(fs(pair, "rollback", host, "--json", check_rc=0).stdout)[0]
+    assert back["status"] == "rolled_back" and rid not in back["finished_interrupted"], back
+    assert [e["state"] for e in _lines(pair, host, rid) if e["kind"] == "status"] == ["staged"]
     planned = json_rows(fs(pair, "deploy", host, "--algo", "ddtree", "--plan", "--json", check_rc=0).stdout)[0]
     assert any(f"release {rid} was staged ahead" in n for n in planned["plan"]["notes"]), planned
 
