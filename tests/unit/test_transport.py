@@ -232,7 +232,7 @@ def test_parallel_commands_share_one_connection(transport, sshd, caplog):
             # connection on purpose); the round is run again on a new connection, and paramiko's
             # own account of the death is printed as a warning so the next CI log names its cause.
             said = [r.getMessage() for r in caplog.records if r.name.startswith("paramiko")][-20:]
-            warnings.warn(f"the shared connection died under 12 parallel commands; paramiko said: {said}")
+            warnings.warn(f"the shared connection died under 12 parallel commands; paramiko said: {said}", stacklevel=1)
             results, errors = one_round()
     log = (sshd.workdir / "sshd.log").read_text(errors="replace")[-2000:]
     assert not errors and sorted(results) == sorted(str(i) for i in range(12)), (errors, results, log)
