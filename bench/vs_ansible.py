@@ -189,9 +189,7 @@ def main() -> int:
     if args.report:
         data = next(json.loads(line) for line in args.report.read_text().splitlines() if line.startswith('{"medians"'))
         rows = data["runs"]
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        med["engine_load"] = engine_load(rows)
-        print(table(med, len(rows["fs_deploy"])))
+        print(table(medians(rows), len(rows["fs_deploy"])))
         return 0
     if shutil.which(args.ansible_playbook) is None:
         print(f"vs_ansible.py: {args.ansible_playbook} not found: install it with `pip install ansible-core` "
@@ -274,12 +272,15 @@ def main() -> int:
             rows["ans_failed_down"].append(down)
     finally:
         fs("lab", "fault", HOST, "--clear")
-    med = {k: statistics.median(v) for k, v in rows.items()}
-    med["engine_load"] = engine_load(rows)
+    med = medians(rows)
     print(json.dumps({"medians": med, "runs": rows, "health_retries": args.health_retries}), flush=True)
     print(table(med, args.runs))
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def medians(rows: dict) -> dict:
+    return {**{k: statistics.median(v) for k, v in rows.items()}, "engine_load": engine_load(rows)}
 
 
 def engine_load(rows: dict) -> float:

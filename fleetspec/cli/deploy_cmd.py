@@ -57,32 +57,33 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
     options = parse_overrides(playbook, sets)
-    if stage_only:
-        progress = Progress(enabled=not as_json)
-        outcomes = fleet.stage_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
-                                     parallel=parallel, mode=mode, echo=progress.echo)
-        progress.line(None)
-        _print_outcomes(outcomes, as_json)
-        if not as_json and any(o.status == "staged" for o in outcomes):
-            click.echo(f"next: fleetspec deploy {' '.join(o.host for o in outcomes if o.status == 'staged')} "
-                       f"--algo {algo} switches to the staged release (nothing sent, its smoke verdict kept)")
-        sys.exit(max((o.exit_code for o in outcomes), default=0))
     strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
                                     parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,
                                     prestage=prestage)
-    if not plan_only and not yes and sys.stdin.isatty():
+    if not plan_only and not stage_only and not yes and sys.stdin.isatty():
         click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
     progress = Progress(enabled=not as_json)
-    outcomes = fleet.deploy_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
-                                  strategy=strategy, plan_only=plan_only, mode=mode, run_gates=not no_gates,
-                                  echo=progress.echo, progress=progress.line,
-                                  pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
+    if stage_only:                        # nothing live changes: no question asked
+        outcomes = fleet.stage_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
+                                     parallel=parallel, mode=mode, echo=progress.echo)
+    else:
+        outcomes = fleet.deploy_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
+                                      strategy=strategy, plan_only=plan_only, mode=mode, run_gates=not no_gates,
+                                      echo=progress.echo, progress=progress.line,
+                                      pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
     progress.line(None)
-    if plan_only and not as_json:
+    if as_json:
+        for o in outcomes:
+            click.echo(json.dumps(o.to_json(), default=str, sort_keys=True))
+    elif plan_only:
         for o in outcomes:
             _print_plan(o)
     else:
-        _print_outcomes(outcomes, as_json)
+        _print_deploy_summary(outcomes)
+    staged = [o.host for o in outcomes if o.status == "staged"]
+    if staged and not as_json:
+        click.echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
+                   "(nothing sent, its smoke verdict kept)")
     sys.exit(max((o.exit_code for o in outcomes), default=0))
 
 
@@ -94,14 +95,6 @@ def _refuse_with_stage_only(**given) -> None:
         if value:
             raise UserError(f"--stage-only cannot be combined with --{name.replace('_', '-')}: it stages and "
                             "smoke-tests, and switches nothing")
-
-
-def _print_outcomes(outcomes, as_json: bool) -> None:
-    if as_json:
-        for o in outcomes:
-            click.echo(json.dumps(o.to_json(), default=str, sort_keys=True))
-    else:
-        _print_deploy_summary(outcomes)
 
 
 def _print_plan(o) -> None:

@@ -201,10 +201,7 @@ class Deploy:
         finally:
             self.smoke_run = None          # ended: nothing left to stop
         self.kernel = {k: detail[k] for k in ("candidates", "kernel_note") if k in detail}
-        if detail.get("candidates"):
-            self.echo(f"[{self.host.name}] DDTree candidates: {detail['candidates']}")
-        if detail.get("kernel_note"):
-            self.echo(f"[{self.host.name}] note: {detail['kernel_note']}")
+        smoke_run.tell(detail, self.host.name, self.echo)
         return detail
 
     def _stop_smoke(self) -> None:

@@ -99,5 +99,6 @@ def _smoke_verdict(t: TransportLike, state: HostState, rid: str, run: smoke_run.
                                                                        "host unchanged"))
         raise StepFailed("smoke", str(err), evidence={"release": rid}) from None
     state.defer(L.Entry.step(rid, "smoke", L.StepState.OK, seconds=round(time.monotonic() - began, 3), **detail))
+    smoke_run.tell(detail, state.host, echo)
     if staged.smoke_reused:
         echo(f"[{state.host}] smoke: the verdict of {staged.smoke_reused['release']} is replayed")

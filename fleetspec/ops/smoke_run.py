@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model.release import Release
@@ -143,6 +143,14 @@ def finish(t: TransportLike, run: SmokeRun) -> dict:
         return {"smoke": {}}
     v = background.wait(t, run.folder, timeout=SMOKE_TIMEOUT_S + 60)
     return _verdicts(run.scripts, _ran(run.python, v.rc, v.stdout, v.stderr), v.stderr)
+
+
+def tell(detail: dict, host: str, echo: Callable[[str], None]) -> None:
+    """What an operator reads of a passing verdict: DDTree's candidate path and any kernel note."""
+    if detail.get("candidates"):
+        echo(f"[{host}] DDTree candidates: {detail['candidates']}")
+    if detail.get("kernel_note"):
+        echo(f"[{host}] note: {detail['kernel_note']}")
 
 
 def stop(t: TransportLike, state: HostState, release_id: str) -> bool:
