@@ -49,7 +49,7 @@ class Deploy:
 
     # The operation --------------------------------------------------------------------------
     def run(self) -> DeployOutcome:
-        self.pf = preflight_mod.run(self.t, self.req, self.echo)       # read-only; refuses bad input
+        self.pf = preflight_mod.run(self.t, self.req, self.echo, self.progress)   # read-only; refuses bad input
         self.state.redact = self.pf.redact                              # no secret in the ledger …
         echo, progress = self.echo, self.progress                       # … nor on the terminal
         self.echo = lambda line: echo(self.pf.redact(line))
@@ -222,8 +222,14 @@ class Deploy:
 
         if not self.req.run_gates or not gates.needs_baseline(gates.for_host(self.pf.playbook.gates, self.host)):
             return {"skipped": True}
-        self.pf.before = gates.measure_for(self.t, self.pf)
-        return {"figures": self.pf.before.figures()}
+        before = gates.measure_for(self.t, self.pf)
+        if before.errors:     # the gates never compare against a partial baseline
+            raise StepFailed("measure", f"{len(before.errors)} of the baseline's requests failed or came back "
+                                        f"malformed (first: {before.errors[0]}); nothing live changed: the gates "
+                                        f"would compare against a partial baseline",
+                             {"figures": before.figures(), "errors": before.errors[:5]})
+        self.pf.before = before
+        return {"figures": before.figures()}
 
     def _switch(self) -> dict:
         # SWITCHED rides in front of the first file change, in the same shell (`&&`): durable before it.

@@ -76,6 +76,12 @@ def thin_fleet():
         lab.down(ROOT, only=THIN_HOSTS)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """First-contact tests first: the demo starts from a lab that is down, and its `lab up` is the
+    session's boot (lab_fleet then finds the hosts running)."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("first_contact") else 1)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The reliability suite's counts (faults injected, cases tried), when it ran."""
     import sys
