@@ -119,14 +119,14 @@ def test_a_deploy_onto_a_stopped_engine_is_refused_and_changes_nothing(lab_fleet
 
 
 def test_a_baseline_measured_with_failed_requests_fails_the_deploy_before_anything_live_changes(lab_fleet):
-    """The serving engine answers garbage to the baseline's requests: the measure step fails
+    """The serving engine fails the baseline's requests (HTTP 500; /health still 200): the measure step fails
     (exit 1, failed step `measure`, the errors named), and the engine that serves is untouched:
     same unit, same drop-ins, same main process, no `current`."""
     host = lab_fleet.hosts[1]
     assert _wait_ok(lab_fleet, host)["health"] == "ok"
     pid = labtools.sh(lab_fleet, host, f"systemctl show -p MainPID --value {SERVICE}").strip()
     before = _snapshot(lab_fleet, host)["files"].split("---")[0]
-    fs(lab_fleet, "lab", "fault", host, "garbage_output", check_rc=0)
+    fs(lab_fleet, "lab", "fault", host, "fail_requests_after=0", check_rc=0)
     try:
         r = fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--json")
     finally:
