@@ -77,9 +77,10 @@ def thin_fleet():
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """First-contact tests first: the demo starts from a lab that is down, and its `lab up` is the
-    session's boot (lab_fleet then finds the hosts running)."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("first_contact") else 1)
+    """First-contact tests first (an engine still loading, one stopped: the session's first boot),
+    and the one marked `last` last: it takes the lab down and brings it up from cold."""
+    items.sort(key=lambda item: 2 if item.get_closest_marker("last") else
+               0 if item.get_closest_marker("first_contact") else 1)
 
 
 def pytest_terminal_summary(terminalreporter):

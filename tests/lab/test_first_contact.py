@@ -1,23 +1,24 @@
 """The first minute a user has: the README's main job from a lab that is down, a deploy onto an
 engine that is still loading, and one onto an engine that is stopped.
 
-These run first in a lab session (conftest orders them so): the demo starts from a lab that is
-down, as on a fresh machine, and its `lab up` is the session's boot. Every other lab test starts
-from a warm, settled fleet; these are the ones that do not.
+The engine tests run first in a lab session, on the session's first boot; the demo runs last
+(conftest orders them so): it takes the lab down, checks that nothing is left, and runs the
+README's first command from there, as on a fresh machine. Every other lab test starts from a
+warm, settled fleet; these are the ones that do not.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.lab import labtools
-from tests.lab.conftest import LAB_HOSTS, ROOT, lab_skip_reason
+from tests.lab.conftest import ROOT
 from tests.lab.labtools import fs
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.first_contact]
@@ -34,24 +35,45 @@ def _status(root, host) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_the_demo_runs_from_a_lab_that_is_down():
-    """`bash scripts/demo.sh` exactly as the README gives it, its engines cold: exit 0, ct129 on
-    a healthy DDTree release. Its deploy met an engine still loading, and waited for it."""
-    reason = lab_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    if tuple(LAB_HOSTS) != DEMO_HOSTS:
-        pytest.skip(f"the demo runs on {', '.join(DEMO_HOSTS)}; this run's lab hosts are {', '.join(LAB_HOSTS)}")
+def _leftovers() -> dict:
+    from fleetspec.lab import cgroups, network
+
+    mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
+              if "fleetspec" in line or "fslab" in line]
+    procs = subprocess.run(["pgrep", "-f", "systemd-nspawn.*fleetspec-lab"], capture_output=True, text=True).stdout.split()
+    return {"netns": network.lab_namespaces(), "mounts": mounts, "cgroups": [str(p) for p in cgroups.leftovers()],
+            "bridge": network.bridge_exists(), "processes": procs,
+            "state": sorted(p.name for p in Path("/run/fleetspec-lab/hosts").glob("*"))}
+
+
+@pytest.mark.last
+def test_lab_down_leaves_nothing_and_the_demo_runs_again_from_cold(lab_fleet):
+    """The session's last lab test. `fleetspec lab down` leaves nothing behind (also a crashed
+    `lab up`'s debris, found by its fixed names), then `bash scripts/demo.sh`, exactly as the
+    README gives it, runs from that lab that is down: its engines cold, as on a fresh machine.
+    Exit 0, ct129 on a healthy DDTree release; its deploy met engines still loading and waited."""
+    from fleetspec.lab import cgroups, hosts
+
+    if tuple(lab_fleet.hosts) != DEMO_HOSTS:
+        pytest.skip(f"the demo runs on {', '.join(DEMO_HOSTS)}; this run's lab hosts are {', '.join(lab_fleet.hosts)}")
+    others = [n for n in hosts.running() if n not in lab_fleet.addresses]
+    subprocess.run(["ip", "netns", "add", "fslab-ghost"], check=True)  # a crashed `lab up`'s debris
+    cgroups.host_paths("ghost")[0].mkdir(parents=True)
     down = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(ROOT), "lab", "down"],
                           capture_output=True, text=True, timeout=300)
     assert down.returncode == 0, down.stderr
+    assert hosts.running() == others       # another checkout's hosts are not ours to stop
+    if not others:
+        left = _leftovers()
+        assert left == {"netns": [], "mounts": [], "cgroups": [], "bridge": False, "processes": [], "state": []}
+    else:
+        assert not set(lab_fleet.addresses) & set(hosts.known())
     started = time.monotonic()
-    demo = subprocess.run(["bash", str(ROOT / "scripts/demo.sh")], capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "FLEETSPEC_LAB_HOSTS": ",".join(DEMO_HOSTS)})
+    demo = subprocess.run(["bash", str(ROOT / "scripts/demo.sh")], capture_output=True, text=True, timeout=1200)
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out[-6000:]
     print(f"demo from a lab that was down: {time.monotonic() - started:.0f}s")
-    assert "was still loading; waited" in out, out[-6000:]        # the engines were cold, as on a fresh machine
+    assert "was still loading; waited" in out, out[-6000:]        # the engines were cold
     s = _status(ROOT, "ct129")
     assert s["health"] == "ok" and s["algo"] == "DDTREE" and s["served_algo"] == "DDTREE", s
 
