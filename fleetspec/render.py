@@ -4,7 +4,7 @@ systemd reads an ExecStart= word by unquoting "…" / '…', processing C escape
 then resolving `%` specifiers; `$` is expanded when the command runs. So one argv word becomes:
 `%` -> `%%`, `$` -> `$$`, and when it holds whitespace, quotes, backslashes, control characters or
 `;` (a lone `;` separates commands), the whole word in double quotes with C escapes inside.
-fleetspec.remote.facts.unitfile parses the result back exactly; tests prove the round trip.
+fleetspec.systemd_unit parses the result back exactly; tests prove the round trip.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Building kernels: with this machine's torch (`build_kernel`), for CUDA hosts on a machine
 without CUDA against an unpacked CUDA torch (`build_kernel_offline`), and the one way any build,
-wherever it was compiled (ops.kernel_remote builds on a fleet host), enters the cache
+wherever it was compiled (build.kernel_on_host builds on a fleet host), enters the cache
 (`record_build`), keyed by source hash and ABI (fleetspec.model.kernel.cache_key)."""
 
 from __future__ import annotations

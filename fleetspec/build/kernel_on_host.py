@@ -10,9 +10,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from fleetspec.build import kernel as KB
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
-from fleetspec.model import kernel_build as KB
 from fleetspec.remote import facts, files
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import torch as torch_fact

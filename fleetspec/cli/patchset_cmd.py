@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
+from fleetspec.build import patchset as B
 from fleetspec.cli.output import echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import patchset as P
-from fleetspec.model import patchset_build as B
 
 
 @click.group("patchset")

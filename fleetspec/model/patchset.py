@@ -109,7 +109,7 @@ def load_patchset(folder: Path | str) -> PatchSet:
     A patches folder (`series` + diffs, no manifest) is built, or taken from the build cache, first.
     """
     root = Path(folder)
-    from fleetspec.model import patchset_build
+    from fleetspec.build import patchset as patchset_build
 
     if patchset_build.is_patches_folder(root):
         return patchset_build.build(root).patchset

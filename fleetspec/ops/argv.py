@@ -115,7 +115,7 @@ class LaunchPlan:
 
 
 def classify_or_refuse(command, where: str) -> launch.LaunchForm:
-    """The launch form of the baseline's ExecStart command (unitfile.ExecCommand), or a one-line
+    """The launch form of the baseline's ExecStart command (systemd_unit.ExecCommand), or a one-line
     refusal (exit 2) naming the host, the service and the form."""
     try:
         return launch.classify(list(command.argv), path=command.path, prefix=command.flags)

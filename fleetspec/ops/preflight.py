@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from fleetspec import systemd_unit
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline
@@ -57,7 +58,7 @@ from fleetspec.ops.preflight_checks import (  # noqa: F401
 from fleetspec.ops.redaction import check_secret_env, redact, secret_refs, secrets_of  # noqa: F401
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import FactError, file_text, missing_paths, unitfile
+from fleetspec.remote.facts import FactError, file_text, missing_paths
 from fleetspec.remote.facts import disk as disk_fact
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import model_config as model_fact
@@ -135,7 +136,7 @@ class Preflight:
     def smoke_scripts(self, kernels_dir: str):
         """(name, python source, parse(stdout, stderr, rc) -> dict) for each smoke test the
         playbook asks for, in the order they run."""
-        from fleetspec.ops import smoke
+        from fleetspec.remote import smoke_host as smoke
 
         def parse(stdout, stderr, rc):
             result = smoke.parse_result(stdout)
@@ -302,7 +303,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
         check_orphan_dropin(state, unit, host, files_fact.baseline_json)
         try:
-            command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
+            command = systemd_unit.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
         except ValueError as err:
             raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
         form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
@@ -323,7 +324,7 @@ def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceR
     flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
     table = argv_ops.option_table(t, host.vars.python, version, host.name)
     # the operator's environment, from the unit files (fleetspec's own drop-in left out)
-    environment = unitfile.effective_environment(svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
+    environment = systemd_unit.effective_environment(svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
     return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
                                 f"{host.name}: {svc.service}")
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from fleetspec import systemd_unit
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
@@ -21,7 +22,6 @@ from fleetspec.remote import lock as lock_mod
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
-from fleetspec.remote.facts import unitfile
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.unit_files import UnitFiles
 
@@ -65,7 +65,7 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
 def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
     """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
     (fleetspec's own drop-in is left out by read_unit_files)."""
-    return unitfile.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+    return systemd_unit.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
 
 
 def check_dropin_order(unit, host, service: str) -> None:
@@ -87,7 +87,7 @@ def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
     out = []
     for path, text in zip(paths, dropin_texts, strict=True):
         try:
-            if unitfile.parse_unit(text).values("Service", "ExecStart"):
+            if systemd_unit.parse_unit(text).values("Service", "ExecStart"):
                 out.append(path)
         except ValueError:
             out.append(path)

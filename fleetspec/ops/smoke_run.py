@@ -125,7 +125,7 @@ def verdict_key(release_dir: str, python: str, command: str, payload: str, patch
     with the release's folder taken out (each release has its own; its content is the patch and
     kernel bytes), those bytes, the sglang install, and this fleetspec's smoke code, whose parsers
     read the kept output. The host adds its python, sys.path, environment and GPU driver."""
-    from fleetspec.ops import smoke
+    from fleetspec.remote import smoke_host as smoke
 
     def own(text: str) -> str:
         return text.replace(release_dir, "<release>")

@@ -14,7 +14,7 @@ import pytest
 
 from fleetspec.errors import UserError
 from fleetspec.model.patchset import check_base, load_patchset
-from fleetspec.ops import smoke
+from fleetspec.remote import smoke_host as smoke
 from fleetspec.remote.overlay import overlay_script
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

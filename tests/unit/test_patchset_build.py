@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fleetspec.build import patchset as B
 from fleetspec.cli import main
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model import patchset as P
-from fleetspec.model import patchset_build as B
 from fleetspec.model import unidiff
 
 REPO = Path(__file__).resolve().parents[2]

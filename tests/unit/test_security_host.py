@@ -43,10 +43,10 @@ from fleetspec.model.layout import HostLayout
 from fleetspec.model.release import Release
 from fleetspec.ops import switching
 from fleetspec.ops.hoststate import HostState, append_private, write_private
-from fleetspec.ops.smoke import _EMIT
 from fleetspec.remote import files, stage_host
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import torch as torch_fact
+from fleetspec.remote.smoke_host import _EMIT
 from fleetspec.remote.transport import Transport
 from tests import conftest
 
