@@ -20,7 +20,7 @@ from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import RemoteLock
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
 
 @dataclass

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from fleetspec.build import kernel as KB  # noqa: E402
 from fleetspec.model import payload  # noqa: E402
-from fleetspec.ops.switching import kernel_path  # noqa: E402
+from fleetspec.ops.smoke_run import kernel_path  # noqa: E402
 from fleetspec.remote import smoke_host as smoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from fleetspec.build import kernel as KB  # noqa: E402
 from fleetspec.errors import UserError  # noqa: E402
 from fleetspec.model import kernel as K  # noqa: E402
-from fleetspec.ops.preflight import kernel_facts  # noqa: E402
+from fleetspec.ops.selection import kernel_facts  # noqa: E402
 from fleetspec.remote.facts import gpu as gpu_fact  # noqa: E402
 from fleetspec.remote.facts import torch as torch_fact  # noqa: E402
 

@@ -13,8 +13,8 @@ from fleetspec.errors import UserError
 from fleetspec.model import launch
 from fleetspec.model.playbook import load_playbook
 from fleetspec.ops import argv as argv_ops
+from fleetspec.ops.activation import exec_start_mismatch
 from fleetspec.ops.hoststate import DROPIN_NAME, is_ours, sorts_after_ours
-from fleetspec.ops.switching import exec_start_mismatch
 from fleetspec.remote.facts import systemd as systemd_fact
 
 T23 = launch.load_table("0.5.23")
@@ -213,7 +213,7 @@ def _preflight(form_, new_argv, launch_dict):
     from types import SimpleNamespace
 
     from fleetspec.model.release import Release
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
     root = Path(__file__).parents[2]
     playbook = load_playbook(root / "playbooks" / "ddtree.yaml")
@@ -230,7 +230,7 @@ def _preflight(form_, new_argv, launch_dict):
 def test_rendered_dropin_keeps_prefix_path_and_unsets_speculation_env():
     """The drop-in as systemd reads it after the unit: the derived command with `-@`, its
     executable and argv[0] kept; the dropped speculation-only variables unset."""
-    from fleetspec.ops.switching import dropin_text
+    from fleetspec.ops.rendering import dropin_text
 
     unit = ("[Service]\nEnvironment=SGLANG_ENABLE_SPEC_V2=1\n"
             "ExecStart=-@/opt/venv/bin/python sglang-r1 -m sglang.launch_server --model-path /m "
@@ -249,7 +249,7 @@ def test_rendered_dropin_keeps_prefix_path_and_unsets_speculation_env():
 def test_dropin_order_is_checked_at_preflight():
     from types import SimpleNamespace
 
-    from fleetspec.ops.preflight import check_dropin_order
+    from fleetspec.ops.preflight_checks import check_dropin_order
 
     host = SimpleNamespace(name="h")
     ok = SimpleNamespace(dropin_paths=["/etc/systemd/system/s.d/override.conf", f"/etc/systemd/system/s.d/{DROPIN_NAME}"])
@@ -262,7 +262,7 @@ def test_dropin_order_is_checked_at_preflight():
 def test_admin_exec_start_dropins_are_reported_and_legacy_name_noted():
     from types import SimpleNamespace
 
-    from fleetspec.ops.preflight import admin_exec_start_dropins
+    from fleetspec.ops.preflight_checks import admin_exec_start_dropins
     from fleetspec.ops.status import _dropin_notes
 
     d = "/etc/systemd/system/s.service.d"

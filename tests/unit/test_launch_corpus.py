@@ -183,8 +183,8 @@ def test_smoke_parses_exactly_the_entry_points_slice(version):
     from types import SimpleNamespace
 
     from fleetspec.lab.envs import local_env
-    from fleetspec.ops.preflight import Preflight
-    from fleetspec.ops.switching import _SMOKE_RUNNER
+    from fleetspec.ops.preflight_result import Preflight
+    from fleetspec.remote.smoke_host import RUNNER as _SMOKE_RUNNER
 
     table = launch.load_table(version)
     units = ["/v/bin/python3 -u -X faulthandler -m sglang.launch_server --model-path /m --speculative-algo EAGLE --port 1",
@@ -219,7 +219,7 @@ def test_unknown_version_reads_the_hosts_own_parser(tmp_path, inventory_writer, 
     from fleetspec.errors import UserError
     from fleetspec.lab.envs import local_env
     from fleetspec.model.inventory import load_inventory
-    from fleetspec.ops.argv import option_table
+    from fleetspec.remote.option_table import option_table
     from fleetspec.remote.transport import Transport
 
     host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key,

@@ -242,7 +242,7 @@ def test_hosts_that_start_together_share_one_load_of_the_patch_set(tmp_path, mon
     import time
 
     from fleetspec.model import patchset as patchset_mod
-    from fleetspec.ops.preflight_checks import load_patchset_once
+    from fleetspec.ops.selection import load_patchset_once
 
     folder = _write(tmp_path, {"sglang/x.py": b"x = 1\n"})
     real, loads = patchset_mod.load_patchset, []
@@ -268,9 +268,9 @@ def test_hosts_that_start_together_share_one_load_of_the_patch_set(tmp_path, mon
 
 
 def test_a_deploy_loads_each_patch_set_once_until_a_file_changes(tmp_path):
-    """preflight_checks.load_patchset_once: one load for N hosts, a fresh one after an edit, and
+    """selection.load_patchset_once: one load for N hosts, a fresh one after an edit, and
     a broken folder refused for every host (failures are not kept)."""
-    from fleetspec.ops.preflight_checks import load_patchset_once
+    from fleetspec.ops.selection import load_patchset_once
 
     folder = _write(tmp_path, {"sglang/x.py": b"x = 1\n"})
     first = load_patchset_once(folder)

@@ -29,7 +29,7 @@ from fleetspec.model.names import is_name, is_service
 from fleetspec.model.patchset import load_patchset
 from fleetspec.model.playbook import load_playbook, load_playbook_for
 from fleetspec.model.release import Release
-from fleetspec.ops import planning, switching
+from fleetspec.ops import planning, rendering
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote.transport import Transport
 
@@ -234,7 +234,7 @@ def test_rollback_sh_runs_nothing_from_names_labels_or_reason(tmp_path_factory, 
     unit.write_bytes(b"[Service]\nExecStart=/bin/true\n")
     release = Release(id=rid, host="h", service=service, algo="ddtree", mode="release", sglang_version="x",
                       argv=["/bin/true"], previous=previous)
-    text = switching._env(ROOT).get_template("rollback.sh.j2").render(
+    text = rendering._env(ROOT).get_template("rollback.sh.j2").render(
         service=service, release=release, previous_label=previous, state_dir=str(state),
         dropin_path=str(etc / "zz-fleetspec.conf"), previous_dropin=[], previous_dropin_sha256="",
         legacy_dropin_paths=[str(etc / "50-fleetspec.conf")],
