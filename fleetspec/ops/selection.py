@@ -46,7 +46,7 @@ def load_patchset_once(folder):
     The hosts' threads start together, so the load is serialised: one thread loads (hashing the
     sglang wheel for the build cache's key), the others wait for it and take its result.
     Failures are not kept: the next host loads again and gets the error again."""
-    from fleetspec.model.patchset import load_patchset
+    from fleetspec.build.patchset import load_patchset
 
     with _LOADING:
         stamp = _folder_stamp(folder)

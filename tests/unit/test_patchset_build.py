@@ -196,7 +196,7 @@ def test_load_patchset_builds_a_patches_folder_transparently(setup, monkeypatch)
     folder, wheels, cache = setup
     monkeypatch.setattr(P, "WHEEL_CACHE", wheels)
     monkeypatch.setattr(B, "PATCHSET_CACHE", cache)
-    ps = P.load_patchset(folder)
+    ps = B.load_patchset(folder)
     assert ps.root.name == "sglang-9.9.9" and ps.root.parent.parent == cache and ps.version == "9.9.9"
 
 

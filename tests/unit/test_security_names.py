@@ -22,11 +22,11 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from fleetspec.build.patchset import load_patchset
 from fleetspec.errors import ConfigError, RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.names import is_name, is_service
-from fleetspec.model.patchset import load_patchset
 from fleetspec.model.playbook import load_playbook, load_playbook_for
 from fleetspec.model.release import Release
 from fleetspec.ops import planning, rendering
