@@ -10,6 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from fleetspec.build import compile_flags
 from fleetspec.build import kernel as KB
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
@@ -17,6 +18,11 @@ from fleetspec.remote import facts, files
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import torch as torch_fact
 from fleetspec.remote.kernel_build_host import REMOTE_BUILD
+
+
+def program() -> str:
+    """The on-host build: compile_flags' functions, then the program that calls them."""
+    return Path(compile_flags.__file__).read_text() + REMOTE_BUILD
 
 
 def _target_arch(host: str, tv, gpus, cuda: bool | None, arch: str | None, spec: K.KernelSpec) -> str:
@@ -51,7 +57,7 @@ def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, 
     try:
         for name in (K.KERNEL_JSON, *spec.sources, *spec.cuda_sources):
             t.put_bytes((spec.root / name).read_bytes(), f"{scratch}/{name}", mode=0o600, durable=False)
-        r = files.run_python(t, python, REMOTE_BUILD, [scratch, target], timeout=timeout)
+        r = files.run_python(t, python, program(), [scratch, target], timeout=timeout)
         try:
             result = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):

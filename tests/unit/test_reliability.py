@@ -204,7 +204,7 @@ def test_inventory_refuses_a_service_that_is_not_a_unit_name(tmp_path, service):
 
 
 def _patchset(tmp_path, content=b"X = 1\n", listed=b"X = 1\n"):
-    from fleetspec.model.patchset import load_patchset
+    from fleetspec.build.patchset import load_patchset
 
     root = tmp_path / "ps"
     (root / "files/sglang").mkdir(parents=True)
