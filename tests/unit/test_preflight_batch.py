@@ -10,7 +10,7 @@ import pytest
 
 from fleetspec.model.inventory import load_inventory
 from fleetspec.ops import preflight, selection
-from fleetspec.remote import facts
+from fleetspec.remote import facts, ledger_files
 from fleetspec.remote.facts import file_text, missing_paths
 from fleetspec.remote.transport import Transport
 
@@ -67,7 +67,7 @@ def test_the_deploys_prune_is_one_command(t, tmp_path, seen):
     state = HostState(t, "h", "sglang-test.service", root=root)
     old = planning.to_prune(state, (base / "ledger.jsonl").read_text(), ids[0], keep=1)
     script, lines = planning.prune_script(state, old)
-    assert planning.pruned_by(t.run_script(script).stdout, lines) == [ids[1]]
+    assert ledger_files.pruned_by(t.run_script(script).stdout, lines) == [ids[1]]
     assert len(seen) == 1, seen
     assert [(base / "releases" / r).is_dir() for r in ids] == [True, False, True]
     assert state.ledger().releases()[ids[1]] == L.PRUNED

@@ -31,6 +31,7 @@ from fleetspec.model.playbook import load_playbook, load_playbook_for
 from fleetspec.model.release import Release
 from fleetspec.ops import planning, rendering
 from fleetspec.ops.hoststate import HostState
+from fleetspec.remote import ledger_files
 from fleetspec.remote.transport import Transport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_prune_never_follows_a_release_id_out_of_releases(t, tmp_path):
     old = planning.to_prune(state, ledger, ids[2], keep=1)              # a deploy's prune: no read
     assert old == [ids[0]]
     script, lines = planning.prune_script(state, old)
-    assert planning.pruned_by(t.run_script(script).stdout, lines) == [ids[0]]
+    assert ledger_files.pruned_by(t.run_script(script).stdout, lines) == [ids[0]]
     assert (victim / "keep").read_text() == "x" and (base / "releases" / ids[2]).is_dir()
 
 
