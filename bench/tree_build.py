@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="also time the full-sort Python heap (slow)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from fleetspec.model.kernel import build_kernel
+    from fleetspec.build.kernel import build_kernel
 
     du = load_payload()
     kernel, _ = build_kernel(REPO / "playbooks/ddtree/kernels/tree_mask")

@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"
 PAYLOAD = REPO / "playbooks/ddtree/payload/ddtree_utils.py"
+FLAGS = REPO / "fleetspec/build/compile_flags.py"
 RESULTS: dict = {}
 
 
@@ -53,43 +54,40 @@ def run(cmd: list[str], timeout: int) -> None:
                            + " | ".join((done.stderr or done.stdout).strip().splitlines()[-8:]))
 
 
+def compile_flags():
+    """fleetspec/build/compile_flags.py, loaded by path: the command lines every kernel build uses."""
+    spec = importlib.util.spec_from_file_location("fleetspec_compile_flags", FLAGS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build(work: Path) -> Path:
-    """nvcc for the .cu files, g++ for the .cpp files, linked against this torch: the same flags
-    torch's cpp_extension uses, without needing ninja."""
+    """nvcc for the .cu files, c++ for the .cpp files, linked against this torch, with the command
+    lines a shipped build uses (compile_flags), without needing ninja."""
     import torch
     from torch.utils import cpp_extension
 
+    flags = compile_flags()
     major, minor = torch.cuda.get_device_capability()
-    cc = f"{major}{minor}"
     cuda_home = cpp_extension.CUDA_HOME or os.environ.get("CUDA_HOME")
     nvcc = shutil.which("nvcc") or (cuda_home and str(Path(cuda_home) / "bin/nvcc"))
     if not nvcc or not Path(nvcc).exists():
         raise RuntimeError("no nvcc on PATH or under CUDA_HOME")
-    std = "-std=c++20" if "-std=c++20" in inspect.getsource(cpp_extension) else "-std=c++17"
-    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    includes = [f"-I{p}" for p in cpp_extension.include_paths(device_type="cuda")]
     spec = json.loads((SOURCE / "kernel.json").read_text())
-    jobs = []
-    for name in spec["cuda_sources"]:
-        jobs.append([nvcc, "-c", str(SOURCE / name), "-o", str(work / (name + ".o")), "-O3", std, abi,
-                     f"-gencode=arch=compute_{cc},code=sm_{cc}", "-Xcompiler", "-fPIC",
-                     "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
-                     "--expt-relaxed-constexpr", *includes])
-    for name in spec["sources"]:
-        jobs.append(["c++", "-c", str(SOURCE / name), "-o", str(work / (name + ".o")), "-O3", "-fPIC", std, abi,
-                     "-DWITH_CUDA", *includes])
+    jobs = flags.compile_jobs(spec, str(SOURCE), str(work), cxx="c++", nvcc=nvcc,
+                              std=flags.cxx_std(inspect.getsource(cpp_extension)),
+                              cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+                              includes=cpp_extension.include_paths(device_type="cuda"), archs=[f"{major}.{minor}"])
     procs = [subprocess.Popen(j, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for j in jobs]
     for job, proc in zip(jobs, procs, strict=True):
         out, err = proc.communicate(timeout=400)
         if proc.returncode != 0:
             raise RuntimeError(f"{Path(job[2]).name}: {Path(job[0]).name} failed: "
                                + " | ".join((err or out).strip().splitlines()[-8:]))
-    libs = [f"-L{p}" for p in cpp_extension.library_paths(device_type="cuda")]
     library = work / "tree_mask.so"
-    run(["c++", "-shared", "-o", str(library), *[str(work / (n + ".o")) for n in spec["sources"] + spec["cuda_sources"]],
-         *libs, "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch", "-lcudart",
-         *[f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths(device_type="cuda")]], 120)
+    run(flags.link_command(spec, str(work), str(library), cxx="c++", cuda=True, rpath=True,
+                           library_dirs=cpp_extension.library_paths(device_type="cuda")), 120)
     return library
 
 

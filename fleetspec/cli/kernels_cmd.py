@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
+from fleetspec.build import kernel as KB
 from fleetspec.cli.output import echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
-from fleetspec.model import kernel_build as KB
 
 
 def _sources(ctx, given: tuple[Path, ...]) -> list[Path]:
@@ -64,7 +64,7 @@ def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home, 
     host = ctx.obj.select([on_host])[0] if on_host is not None else None
     for folder in folders:
         if host is not None:
-            from fleetspec.ops.kernel_remote import build_on_host
+            from fleetspec.build.kernel_on_host import build_on_host
 
             kernel, built = build_on_host(ctx.obj.transport(host), host, folder, cache, cuda=cuda, arch=arch)
         elif torch_root is not None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
+from fleetspec.build import patchset as B
 from fleetspec.cli.output import echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import patchset as P
-from fleetspec.model import patchset_build as B
 
 
 @click.group("patchset")
@@ -55,7 +55,7 @@ def build(ctx, folders, version, wheels, cache):
               show_default=True, help="Where the base wheel is cached.")
 def verify(folder, wheels):
     """Check paths, file hashes, and base hashes against the real RECORD (when the wheel is cached)."""
-    result = P.verify_patchset(P.load_patchset(folder), wheels)
+    result = P.verify_patchset(B.load_patchset(folder), wheels)
     ps = result.patchset
     against = f"RECORD of {result.wheel.name}" if result.record_checked else "no cached wheel: base hashes not checked"
     click.echo(f"ok: {ps.root} ({ps.package}=={ps.version}, {len(ps.files)} files; {against})")
@@ -66,7 +66,7 @@ def verify(folder, wheels):
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 def show(folder, as_json):
     """List a patch set's files."""
-    ps = P.load_patchset(folder)
+    ps = B.load_patchset(folder)
     if as_json:
         click.echo(json.dumps(ps.to_json(), indent=2))
         return

@@ -84,7 +84,7 @@ def main() -> int:
 
 def build_kernels() -> bool:
     """The DDTree kernels for this machine's torch (what deploy pushes to hosts with the same ABI)."""
-    from fleetspec.model.kernel import build_kernel
+    from fleetspec.build.kernel import build_kernel
 
     built_any = False
     for source in sorted((ROOT / "playbooks").glob("*/kernels/*/kernel.json")):
@@ -97,7 +97,8 @@ def build_cuda_kernels() -> bool:
     """With FLEETSPEC_CUDA_BUILD=1: fetch the CUDA toolchain (scripts/cuda-toolchain.sh, cached) and
     compile every kernel's CUDA source with the real nvcc against a CUDA torch's headers, for the
     arch list in FLEETSPEC_CUDA_ARCH (default 9.0); cached like the CPU builds."""
-    from fleetspec.model.kernel import build_kernel_offline, load_spec
+    from fleetspec.build.kernel import build_kernel_offline
+    from fleetspec.model.kernel import load_spec
 
     done = subprocess.run(["bash", str(ROOT / "scripts/cuda-toolchain.sh")], capture_output=True, text=True)
     if done.returncode != 0:
@@ -115,7 +116,7 @@ def build_cuda_kernels() -> bool:
 
 def build_patchsets() -> bool:
     """Every playbook's patch sets, generated from their diffs and the cached wheels."""
-    from fleetspec.model import patchset_build
+    from fleetspec.build import patchset as patchset_build
 
     built = [patchset_build.build(folder).built for folder in patchset_build.patches_folders(ROOT)]
     return any(built)

@@ -89,7 +89,7 @@ def is_secret(name: str, value: str | None = None, secret_names: Collection[str]
 
 def unit_environment(unit_bytes: bytes, dropins: dict[str, bytes]) -> dict[str, str]:
     """Environment= of the unit and its drop-ins (in systemd's order: by file name), unredacted."""
-    from fleetspec.remote.facts.unitfile import environment_of
+    from fleetspec.systemd_unit import environment_of
 
     ordered = sorted(dropins.items(), key=lambda item: (PurePosixPath(item[0]).name, item[0]))
     return environment_of([unit_bytes.decode(errors="replace"), *(b.decode(errors="replace") for _, b in ordered)])

@@ -71,6 +71,7 @@ class JumpHost:
     address: str
     port: int = 22
     user: str | None = None
+    port_given: bool = True      # False: no port written, so ssh_config's Port for it applies
 
     def __str__(self) -> str:
         return f"{self.user + '@' if self.user else ''}{self.address}:{self.port}"
@@ -92,6 +93,8 @@ class Host:
     vars: HostVars = field(default_factory=HostVars)
     groups: tuple[str, ...] = ()
     inventory_path: Path | None = None
+    ssh_config: Path | None = None                 # read at connect (remote/ssh_config.py); None: none
+    inventory_sets: frozenset[str] = frozenset()   # connection keys the inventory wrote: they win over ssh_config
 
     def __hash__(self) -> int:
         return hash((self.name, self.address, self.port, self.user))
@@ -233,8 +236,9 @@ def _hosts(hosts_f: Fields, raw_hosts: Mapping[str, Any], groups: Mapping[str, t
         _check_vars(own)
         merged.update(own.data)
         conn = _connection_fields(f, path, base)
-        address = f.get("address", str, required=True)
+        address = f.get("address", str, name)        # without one, the name (an ~/.ssh/config alias, as for ssh)
         jump_text = f.get("jump", str, None)
+        conn["inventory_sets"] = conn["inventory_sets"] | ({"jump"} if jump_text is not None else set())
         f.done()
         hosts[name] = Host(
             name=name, address=address, jump=_parse_jump(jump_text, path, f.key("jump")),
@@ -244,26 +248,12 @@ def _hosts(hosts_f: Fields, raw_hosts: Mapping[str, Any], groups: Mapping[str, t
     return hosts
 
 
-def _host(f: Fields, name: str, path: Path, base: dict[str, Any], merged: dict[str, Any],
-          member_of: tuple[str, ...]) -> Host:
-    """One host: its own vars over `merged` (defaults, then its groups' vars in order)."""
-    own = f.sub("vars")
-    _check_vars(own)
-    merged = {**merged, **own.data}
-    conn = _connection_fields(f, path, base)
-    address = f.get("address", str, required=True)
-    jump_text = f.get("jump", str, None)
-    f.done()
-    return Host(
-        name=name, address=address, jump=_parse_jump(jump_text, path, f.key("jump")),
-        vars=_build_vars(merged, path, f"hosts.{name}.vars"), groups=member_of,
-        inventory_path=path.resolve(), **conn,
-    )
-
-
 def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str, Any]:
-    """user, port, keys, policy and timeouts; relative paths are relative to the inventory file."""
+    """user, port, keys, policy and timeouts; relative paths are relative to the inventory file.
+    `inventory_sets`: which of user, port, ssh_key, become this file wrote (here or in defaults)."""
     out = dict(base)
+    out["inventory_sets"] = frozenset(base.get("inventory_sets", frozenset())) | {
+        k for k in ("user", "port", "ssh_key", "become") if k in f.data}
     out["user"] = f.get("user", str, out.get("user", "root"))
     out["become"] = _become(f, base, out["user"])
     port = f.get("port", int, out.get("port", 22))
@@ -280,6 +270,12 @@ def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str,
     if out.get("ssh_key") is not None and "ssh_key" in f.data and not out["ssh_key"].is_file():
         f.fail("ssh_key", f"key file {out['ssh_key']} not found")
     out["host_key_policy"] = f.choice("host_key_policy", POLICIES, out.get("host_key_policy", "strict"))
+    config = f.get("ssh_config", str, None)
+    if config is not None:
+        p = Path(config).expanduser()
+        out["ssh_config"] = None if config == "none" else (p if p.is_absolute() else path.parent / p).resolve()
+    elif "ssh_config" not in out:
+        out["ssh_config"] = Path("~/.ssh/config").expanduser()
     for key, default in (("connect_timeout", 10.0), ("command_timeout", 300.0)):
         value = f.get(key, float, out.get(key, default))
         if value <= 0:
@@ -344,4 +340,4 @@ def _parse_jump(text: str | None, path: Path, key: str) -> JumpHost | None:
     port = int(m["port"] or 22)
     if not 1 <= port <= 65535:
         raise ConfigError(path, key, f"expected a port number 1-65535, got {port}")
-    return JumpHost(address=m["host"].strip("[]"), port=port, user=m["user"])
+    return JumpHost(address=m["host"].strip("[]"), port=port, user=m["user"], port_given=m["port"] is not None)

@@ -256,14 +256,3 @@ def find_built_kernel(source: Path | str, host_facts: Any, cache: Path | None = 
     raise UserError(f"kernel {name}: none of its {len(builds)} builds ({have}) matches {who} "
                     f"({describe_abi(host_facts)}); build one with {build_command(host_facts)}")
 
-
-# The builders live in fleetspec.model.kernel_build; these names keep their old import path.
-_BUILDERS = ("build_kernel", "build_kernel_offline", "local_abi", "cached_build", "record_build")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _BUILDERS:
-        from fleetspec.model import kernel_build
-
-        return getattr(kernel_build, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

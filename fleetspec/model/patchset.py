@@ -15,7 +15,6 @@ import io
 import json
 import os
 import re
-import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ FILES = "files"
 ACTIONS = ("add", "replace")
 WHEEL_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "wheels"
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-_TOP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(-[A-Za-z0-9_.+]+\.dist-info)?")   # fullmatch
+TOP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(-[A-Za-z0-9_.+]+\.dist-info)?")   # fullmatch
 _SKIP = ("__pycache__",)
 
 T = TypeVar("T")
@@ -103,20 +102,14 @@ def path_problem(path: object, package: str, extra_top_level: Collection[str] = 
     return None
 
 
-def load_patchset(folder: Path | str) -> PatchSet:
-    """Read and validate a patch set's structure (hashes are checked by `verify_patchset`).
-
-    A patches folder (`series` + diffs, no manifest) is built, or taken from the build cache, first.
-    """
+def read_patchset(folder: Path | str) -> PatchSet:
+    """Read and validate a built patch set's structure (hashes are checked by `verify_patchset`);
+    fleetspec.build.patchset.load_patchset builds a patches folder first."""
     root = Path(folder)
-    from fleetspec.model import patchset_build
-
-    if patchset_build.is_patches_folder(root):
-        return patchset_build.build(root).patchset
     manifest = root / MANIFEST
     if not manifest.is_file():
         raise ConfigError(manifest, None, "a patch set manifest (file not found)")
-    _refuse_symlinks(root)
+    refuse_symlinks(root)
     try:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError) as err:
@@ -124,7 +117,7 @@ def load_patchset(folder: Path | str) -> PatchSet:
     if not isinstance(data, dict):
         raise ConfigError(manifest, None, "a JSON object")
     package = _str_field(manifest, data, "package")
-    if not is_name(package) or not _TOP_NAME.fullmatch(package):
+    if not is_name(package) or not TOP_NAME.fullmatch(package):
         # The overlay script makes and links <site-packages>/<package>: a path or `..` here works outside it.
         raise ConfigError(manifest, "package", f"a top-level package name (letters, digits, '_'), got {package!r}")
     version = _str_field(manifest, data, "version")
@@ -132,7 +125,7 @@ def load_patchset(folder: Path | str) -> PatchSet:
     if not isinstance(extra, list):
         raise ConfigError(manifest, "extra_top_level", "a list of top-level names")
     for i, name in enumerate(extra):
-        if not isinstance(name, str) or not _TOP_NAME.fullmatch(name) or ".." in name or name == package:
+        if not isinstance(name, str) or not TOP_NAME.fullmatch(name) or ".." in name or name == package:
             raise ConfigError(manifest, f"extra_top_level[{i}]",
                               f"a package or *.dist-info folder name other than {package!r}, got {name!r}")
     raw_files = data.get("files")
@@ -182,7 +175,7 @@ def _file_entry(manifest: Path, i: int, entry: object, package: str, extra: tupl
     return PatchFile(str(path), action, sha, base)
 
 
-def _refuse_symlinks(root: Path) -> None:
+def refuse_symlinks(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
@@ -197,12 +190,12 @@ def _check_tree_matches(ps: PatchSet, listed: set[str]) -> None:
     if ps.files_dir.is_dir():
         for p in sorted(ps.files_dir.rglob("*")):
             rel = p.relative_to(ps.files_dir).as_posix()
-            if p.is_file() and rel not in listed and not _skipped(rel):
+            if p.is_file() and rel not in listed and not skipped(rel):
                 raise ConfigError(ps.manifest_path, "files",
                                   f"every file under {FILES}/ listed; {rel} is not")
 
 
-def _skipped(rel: str) -> bool:
+def skipped(rel: str) -> bool:
     return any(part in _SKIP for part in rel.split("/")) or rel.endswith(".pyc")
 
 
@@ -237,64 +230,7 @@ def parse_base(base: str) -> tuple[str, str]:
     return package.strip(), version.strip()
 
 
-def _record_for(package: str, version: str, wheels: Path) -> dict[str, str]:
-    wheel = find_wheel(package, version, wheels)
-    if wheel is None:
-        raise UserError(f"no wheel for {package}=={version} in {wheels}; "
-                        f"run: pip download --no-deps {package}=={version} -d {wheels}")
-    return read_record(wheel)
-
-
-# --- build, verify, check -------------------------------------------------------------------
-
-
-def build_patchset(base: str, source: Path | str, out: Path | str, wheels: Path = WHEEL_CACHE) -> PatchSet:
-    """Write a patch set for `base` from a folder of changed files laid out as in site-packages.
-
-    A file that the base wheel's RECORD lists is `replace` (with its base hash), any other is `add`.
-    Top-level names other than the package become `extra_top_level`. `out` may be the folder that
-    `source` lives in: the new patch set is assembled aside and swapped in at the end.
-    """
-    package, version = parse_base(base)
-    source, out = Path(source), Path(out)
-    if not source.is_dir():
-        raise UserError(f"--from {source}: not a folder")
-    _refuse_symlinks(source)
-    record = _record_for(package, version, wheels)
-    rels = sorted(p.relative_to(source).as_posix() for p in source.rglob("*")
-                  if p.is_file() and not _skipped(p.relative_to(source).as_posix()))
-    if not rels:
-        raise UserError(f"--from {source}: no files")
-    tops = sorted({r.split("/")[0] for r in rels} - {package})
-    entries = []
-    for rel in rels:
-        problem = path_problem(rel, package, tops)
-        if problem or not _TOP_NAME.fullmatch(rel.split("/")[0]):
-            raise ConfigError(source / rel, None, problem or "a top-level package or *.dist-info name")
-        sha = sha256_file(source / rel)
-        if rel in record:
-            if record[rel] == sha:
-                raise ConfigError(source / rel, None,
-                                  f"a change to {package}=={version}'s file (it is identical; drop it)")
-            entries.append(PatchFile(rel, "replace", sha, record[rel]))
-        else:
-            entries.append(PatchFile(rel, "add", sha))
-    ps = PatchSet(out, package, version, tuple(entries), tuple(tops))
-    staging = out.with_name(out.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / FILES).mkdir(parents=True)
-    for entry in entries:
-        dest = staging / FILES / entry.path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / entry.path, dest)
-    (staging / MANIFEST).write_text(json.dumps(ps.to_json(), indent=2) + "\n")
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-    return load_patchset(out)
+# --- verify, check -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

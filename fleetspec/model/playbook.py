@@ -1,7 +1,7 @@
 """Playbooks (`playbooks/<algo>.yaml`): what an algo needs and how to prove it, as typed data.
 
 Everything is validated at load time (types, unknown keys, folders that must exist), so a deploy
-never discovers a typo half way through. Rendering flags for a host lives in fleetspec.ops.argv.
+never discovers a typo half way through. Rendering flags for a host lives in fleetspec.ops.flags.
 """
 
 from __future__ import annotations

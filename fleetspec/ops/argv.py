@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
-import jinja2
+from typing import Mapping, Sequence
 
 from fleetspec.errors import UserError
 from fleetspec.model import graphsize, launch
 from fleetspec.model.playbook import Playbook
-from fleetspec.remote import files
-from fleetspec.remote.api import TransportLike
 
 SPEC_PREFIX = "--speculative"
 # Shortest unambiguous prefix of --speculative-algorithm in sglang (--speculative-a is shared
@@ -115,27 +111,12 @@ class LaunchPlan:
 
 
 def classify_or_refuse(command, where: str) -> launch.LaunchForm:
-    """The launch form of the baseline's ExecStart command (unitfile.ExecCommand), or a one-line
+    """The launch form of the baseline's ExecStart command (systemd_unit.ExecCommand), or a one-line
     refusal (exit 2) naming the host, the service and the form."""
     try:
         return launch.classify(list(command.argv), path=command.path, prefix=command.flags)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
-
-
-def option_table(t: TransportLike, python: str, version: str, host: str) -> launch.OptionTable:
-    """The packaged table of this sglang version's parser; for a version fleetspec has no table of,
-    the host's own parser is asked (one python start, ~10 s)."""
-    table = launch.load_table(version)
-    if table is not None:
-        return table
-    r = files.run_python_from_root(t, python, launch.DUMP_SCRIPT, timeout_s=300)
-    try:
-        table = launch.parse_dump(r.stdout)
-    except ValueError as err:
-        tail = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1]
-        raise UserError(f"{host}: cannot read sglang {version}'s option parser with {python} ({err}: {tail})") from None
-    return table
 
 
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Sequence[str], playbook: Playbook,
@@ -176,59 +157,3 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Seque
                       notes=tuple(notes))
 
 
-@dataclass(frozen=True)
-class ResolvedOptions:
-    values: Mapping[str, Any]
-    notes: tuple[str, ...] = ()
-
-
-def resolve_options(playbook: Playbook, overrides: Mapping[str, Any], hybrid: bool) -> ResolvedOptions:
-    """Defaults < --set overrides, then the hybrid rule: `auto` becomes hybrid.auto on a hybrid
-    target and hybrid.otherwise elsewhere; a value in hybrid.refuse on a hybrid target is refused
-    here, before any host is touched."""
-    values = dict(playbook.options)
-    for name, value in overrides.items():
-        if name not in values:
-            raise UserError(f"--set {name}: {playbook.path.name} has no option {name!r}")
-        values[name] = value
-    notes: list[str] = []
-    rule = playbook.hybrid
-    if rule is not None:
-        value = values[rule.option]
-        known = dict.fromkeys(["auto", rule.auto, rule.otherwise, *rule.refuse])
-        if value not in known:   # a typo (shadow_linear) must not slip past the hybrid guard
-            raise UserError(f"--set {rule.option}={value}: expected one of {', '.join(known)} "
-                            f"({playbook.path.name} hybrid rule)")
-        if value == "auto":
-            values[rule.option] = rule.auto if hybrid else rule.otherwise
-            kind = "hybrid" if hybrid else "pure-attention"
-            notes.append(f"{rule.option}=auto -> {values[rule.option]} ({kind} target)")
-        elif hybrid and value in rule.refuse:
-            raise UserError(
-                f"{playbook.algo}: {rule.option}={value} is refused on a hybrid target (its linear-attention/"
-                f"recurrent state would leak across branches); use {rule.option}={rule.auto} or auto")
-    return ResolvedOptions(values=values, notes=tuple(notes))
-
-
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
-
-
-def render_flags(playbook: Playbook, host_vars: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
-    """The playbook's launch flags as argv tokens for one host (jinja over `host` and `options`)."""
-    context = {"host": dict(host_vars), "options": dict(options)}
-    out: list[str] = []
-    for i, flag in enumerate(playbook.launch.flags):
-        where = f"{playbook.path}: launch.flags[{i}]"
-        try:
-            if flag.when is not None and not _ENV.compile_expression(flag.when)(**context):
-                continue
-            for token in flag.tokens:
-                rendered = _ENV.from_string(token).render(**context) if ("{{" in token or "{%" in token) else token
-                if rendered == "" or rendered == "None":
-                    raise UserError(f"{where}: {token!r} rendered empty for this host (set the var in the inventory)")
-                out.append(rendered)
-        except jinja2.UndefinedError as err:
-            raise UserError(f"{where}: {err.message} (set it in the inventory's vars or the playbook's options)") from None
-        except jinja2.TemplateError as err:
-            raise UserError(f"{where}: bad template: {err}") from None
-    return out

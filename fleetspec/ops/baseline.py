@@ -27,7 +27,7 @@ from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.lock import RemoteLock
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
 
 def retake(t: TransportLike, host, root) -> str:

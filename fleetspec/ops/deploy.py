@@ -15,11 +15,14 @@ from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE, Release, new_release_id
-from fleetspec.ops import planning, probes, smoke_run, switching
+from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
+from fleetspec.ops.preflight_checks import check_interrupted
+from fleetspec.ops.preflight_result import Preflight
+from fleetspec.ops.redaction import secret_refs
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import LockLost, RemoteLock
 from fleetspec.remote.systemd import UnitStream
@@ -39,7 +42,7 @@ class Deploy:
         self.engine_wait = 0.0
         self.step_seconds: dict[str, float] = {}
         self.switched = False
-        self.pf: preflight_mod.Preflight | None = None
+        self.pf: Preflight | None = None
         self.release: Release | None = None
         self.smoke_run: smoke_run.SmokeRun | None = None        # started by stage, read by smoke
         self.smoke_error: FleetspecError | None = None
@@ -55,7 +58,7 @@ class Deploy:
         self.echo = lambda line: echo(self.pf.redact(line))
         self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
-            return self._outcome(Outcome.PLANNED, plan=switching.plan(self.t, self.pf, self.state))
+            return self._outcome(Outcome.PLANNED, plan=planning.plan(self.t, self.pf, self.state))
         if not self.reuse_staged and self.pf.staged_ahead:
             self.release_id, self.reuse_staged = self.pf.staged_ahead, True
             self.echo(self.pf.staged_ahead_note)
@@ -149,10 +152,10 @@ class Deploy:
         # held the lock (RemoteLock read=): no command of its own.
         ledger = L.parse(self.lock.read_text or "")
         try:
-            preflight_mod.check_interrupted(self.state, self.host.name, ledger)
+            check_interrupted(self.state, self.host.name, ledger)
         except NeedsAttention as err:
             raise StepFailed("preflight", str(err).split(" — run: ")[0], command=err.command) from None
-        abandoned = preflight_mod.abandon_unswitched(self.state, self.release_id, ledger)
+        abandoned = staging.abandon_unswitched(self.state, self.release_id, ledger)
         return dict(self.pf.summary(), abandoned=abandoned)
 
     def _baseline(self) -> dict:
@@ -165,7 +168,7 @@ class Deploy:
             self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
                       f"(unit sha256 {baseline.unit_sha256[:12]})")
         drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins,
-                                     *preflight_mod.secret_refs(self.host, self.pf.playbook))
+                                     *secret_refs(self.host, self.pf.playbook))
         if drift:
             raise StepFailed("baseline", "the service changed by hand since the baseline: " + "; ".join(drift)
                              + f" — review it, then run: fleetspec baseline {self.host.name} --retake")
@@ -176,7 +179,7 @@ class Deploy:
 
     def _stage(self) -> dict:
         run, then = smoke_run.prepare(self.pf, self.state, self.release_id)
-        staged = switching.stage(self.t, self.pf, self.state, self.release_id, self.previous, mode=self.req.mode,
+        staged = staging.stage(self.t, self.pf, self.state, self.release_id, self.previous, mode=self.req.mode,
                                  reuse=self.reuse_staged, then=then,
                                  ledger=L.parse(self.lock.read_text or ""))    # read under the lock
         self.release, self.smoke_run = staged.release, run     # the runner started in the same command
@@ -214,7 +217,7 @@ class Deploy:
             self.echo(f"[{self.host.name}] note: could not stop the smoke runner: {err}")
 
     def _render(self) -> dict:
-        return switching.render_release(self.t, self.pf, self.state, self.release)
+        return rendering.render_release(self.t, self.pf, self.state, self.release)
 
     def _measure_before(self) -> dict:
         """The same host's figures on what it serves now, for the gates to compare against."""
@@ -237,12 +240,12 @@ class Deploy:
         self.state.defer(mark)
         hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
         try:
-            unit = switching.activate(self.t, self.state, self.release, after_files=hook)
+            unit = activation.activate(self.t, self.state, self.release, after_files=hook)
         finally:
             self.switched = self.state.was_sent(mark)
             if not self.switched:
                 self.state.discard(mark)          # nothing was changed: the ledger must not say so
-        mismatch = switching.loaded_exec_start_mismatch(self.t, self.service, self.release, unit)
+        mismatch = activation.loaded_exec_start_mismatch(self.t, self.service, self.release, unit)
         if mismatch:   # an admin drop-in wins over ours: never restart onto the old command
             raise StepFailed("switch", f"after daemon-reload systemd does not hold the derived ExecStart ({mismatch}); "
                                        f"an admin drop-in probably overrides fleetspec's {self.state.dropin}")
@@ -268,7 +271,7 @@ class Deploy:
         self.engine_wait += time.monotonic() - began
         self._progress(None)
         if not result.ok:
-            evidence = dict(result.evidence, journal=switching.journal_tail(self.t, self.service))
+            evidence = dict(result.evidence, journal=activation.journal_tail(self.t, self.service))
             raise StepFailed("probes", f"{result.stage}: {result.reason}", evidence)
         return {"waited_s": round(result.waited_s, 2), "served": result.evidence.get("speculative_algorithm"),
                 "accept_length": result.evidence.get("generate", {}).get("accept_length")}
@@ -303,7 +306,7 @@ class Deploy:
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
                                            to=self.previous or BASELINE))
-            result = switching.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
+            result = activation.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
                                          self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
         except FleetspecError as err:
@@ -352,7 +355,7 @@ class Deploy:
         self.progress(f"[{self.host.name}] {line}" if line else None)
 
     def _outcome(self, status: Outcome, *, failure: StepFailed | None = None, exit_code: int = 0,
-                 reason: str = "", plan: switching.Plan | None = None, command: str | None = None) -> DeployOutcome:
+                 reason: str = "", plan: planning.Plan | None = None, command: str | None = None) -> DeployOutcome:
         out = DeployOutcome(self.host.name, status, None if plan else self.release_id,
                             failure.step if failure else None,
                             reason or (f"{failure.step}: {failure.reason}" if failure else ""),

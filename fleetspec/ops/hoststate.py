@@ -20,13 +20,12 @@ from fleetspec.model.baseline import Baseline
 from fleetspec.model.layout import STATE_ROOT, HostLayout
 from fleetspec.model.names import is_name
 from fleetspec.model.release import Release
-from fleetspec.remote import files
+from fleetspec.remote import files, ledger_files
 from fleetspec.remote.api import CommandResult, TransportLike
 from fleetspec.remote.carrier import Carrying
 from fleetspec.remote.lock import RemoteLock
 
 ABSENT = files.ABSENT
-ARCHIVE_END = "FLEETSPEC-LEDGER-ARCHIVE-END"   # ledger_with_archive: the archive printed, the ledger next
 # systemd applies a unit's drop-ins sorted by file name, the last ExecStart= winning: fleetspec's
 # sorts after every usual admin name (NN-*.conf, override.conf from `systemctl edit`). Releases made
 # before the rename used 50-fleetspec.conf; switching and rollback remove that name, status reads both.
@@ -171,12 +170,9 @@ class HostState:
 
     def ledger_with_archive(self) -> ledger_model.ParsedLedger:
         """Every line ever written, each once: the archive's files (oldest first, see
-        planning.rotation_script) and then the ledger, in one command. For `history`; a deploy
+        remote/ledger_files.py) and then the ledger, in one command. For `history`; a deploy
         needs the ledger alone. `skipped` numbers the ledger's own torn lines, as in its file."""
-        cat = files.cat_files_script(f"{self.layout.ledger_archive}/ledger.*.jsonl")
-        r = self.io.run_script(f"{cat}; echo {ARCHIVE_END}; {files.read_optional(str(self.layout.ledger), '')}",
-                               timeout=60, check=True)
-        archived, _, current = r.stdout.rpartition(f"{ARCHIVE_END}\n")
+        archived, current = ledger_files.read_with_archive(self.io, self.layout)
         merged = ledger_model.parse(ledger_model.without_repeats(archived + current))
         return dataclasses.replace(merged, skipped=ledger_model.parse(current).skipped, numbers=())
 

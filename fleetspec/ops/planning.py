@@ -15,12 +15,12 @@ from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.rendering import dropin_text
 from fleetspec.ops.staging import sha
-from fleetspec.remote import files
+from fleetspec.remote import ledger_files
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import RemoteLock
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
 
 @dataclass
@@ -93,24 +93,11 @@ def prune_candidates(statuses: dict[str, str], current: str | None, keep: int, p
     return [r for r in old if is_name(r)]   # the parser drops such lines; path parts are checked where used too
 
 
-PRUNED_MARK = "FLEETSPEC-PRUNED"
-
-
 def prune_script(state: HostState, old: list[str]) -> tuple[str, dict[str, str]]:
-    """Shell that removes each release in `old` and then appends its PRUNED line, printing
-    `PRUNED_MARK id` for each done; one that fails is left (and unrecorded), the rest go on. Also
-    returns each release's ledger line, for pruned_by to mirror the ones done."""
+    """ledger_files.prune_script for the releases in `old`, and each one's PRUNED ledger line (for
+    pruned_by to mirror the ones done)."""
     lines = {rid: state.line(L.Entry.status(rid, L.PRUNED)) for rid in old}
-    parts = [f"{{ rm -rf -- {files.q(str(state.layout.release(rid)))} && "
-             f"( {files.append_lines_script(str(state.layout.base), str(state.layout.ledger), [line])} ) && "
-             f"echo {PRUNED_MARK} {files.q(rid)}; }}" for rid, line in lines.items()]
-    return "; ".join(parts), lines
-
-
-def pruned_by(stdout: str, lines: dict[str, str]) -> list[str]:
-    """The releases prune_script's output says it removed and recorded."""
-    done = {ln.split(" ", 1)[1] for ln in stdout.splitlines() if ln.startswith(PRUNED_MARK + " ")}
-    return [rid for rid in lines if rid in done]
+    return ledger_files.prune_script(state.layout, lines), lines
 
 
 def to_prune(state: HostState, read_text: str | None, current: str, keep: int, protect=()) -> list[str]:
@@ -123,19 +110,13 @@ def to_prune(state: HostState, read_text: str | None, current: str, keep: int, p
     return prune_candidates(statuses, current, keep, protect)
 
 
-ROTATED_MARK = "FLEETSPEC-LEDGER-ROTATED"
-
-
 def rotation_script(state: HostState, read_text: str | None) -> tuple[str, str | None]:
     """Shell that moves the pruned releases' lines out of the ledger read under the lock (see
-    model.ledger.rotation) and prints `ROTATED_MARK archive`; ("", None) while it is small."""
+    model.ledger.rotation); ("", None) while it is small."""
     ranges = L.rotation(read_text or "")
     if not ranges:
         return "", None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    archive = str(state.layout.ledger_archive / f"ledger.{stamp}.jsonl")
-    script = files.drop_lines_script(str(state.layout.ledger), archive, ranges)
-    return f"( {script} ) && echo {ROTATED_MARK} {files.q(archive)}", archive
+    return ledger_files.rotation_script(state.layout, ranges, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
 
 
 def prune_and_unlock(t: TransportLike, state: HostState, lock: RemoteLock, old: list[str], note) -> list[str]:
@@ -147,12 +128,12 @@ def prune_and_unlock(t: TransportLike, state: HostState, lock: RemoteLock, old: 
     rotate, archive = rotation_script(state, lock.read_text)
     before = "; ".join(part for part in (script, rotate) if part)
     r = lock.remove_files(t, before=before, timeout=120 if before else 30)
-    done = pruned_by(r.stdout, lines)
+    done = ledger_files.pruned_by(r.stdout, lines)
     state.appended([lines[rid] for rid in done])
     why = (r.stderr.strip().splitlines() or [f"exit {r.rc}"])[-1][:200]
     left = [rid for rid in lines if rid not in done]
     if left:
         note(f"[{state.host}] note: could not prune {', '.join(left)}: {why}")
-    if archive and f"{ROTATED_MARK} " not in r.stdout:
+    if archive and f"{ledger_files.ROTATED_MARK} " not in r.stdout:
         note(f"[{state.host}] note: could not move old lines out of {state.layout.ledger}: {why}")
     return done

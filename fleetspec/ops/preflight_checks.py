@@ -4,16 +4,14 @@ reads they need (unit files, installed hashes, kernels). Nothing here changes a 
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from fleetspec import systemd_unit
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
-from fleetspec.model.names import is_name
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
 from fleetspec.remote import facts, files, systemd
@@ -21,12 +19,11 @@ from fleetspec.remote import lock as lock_mod
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
-from fleetspec.remote.facts import unitfile
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.unit_files import UnitFiles
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
 MIN_FREE_BYTES = 256 * 1024 * 1024
 MAX_PATCH_FILE = 64 * 1024 * 1024      # a module; anything bigger is a mistake, and it is read into memory
@@ -65,7 +62,7 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
 def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
     """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
     (fleetspec's own drop-in is left out by read_unit_files)."""
-    return unitfile.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+    return systemd_unit.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
 
 
 def check_dropin_order(unit, host, service: str) -> None:
@@ -87,7 +84,7 @@ def admin_exec_start_dropins(unit, dropin_texts: list[str]) -> list[str]:
     out = []
     for path, text in zip(paths, dropin_texts, strict=True):
         try:
-            if unitfile.parse_unit(text).values("Service", "ExecStart"):
+            if systemd_unit.parse_unit(text).values("Service", "ExecStart"):
                 out.append(path)
         except ValueError:
             out.append(path)
@@ -149,25 +146,6 @@ def _baseline(state: HostState, text, repair: bool):
     return state.read_baseline(repair=repair) if text is UNREAD else state.baseline_from_text(text, repair=repair)
 
 
-def abandon_unswitched(state: HostState, running: str, ledger: L.ParsedLedger | None = None) -> list[str]:
-    """Mark deploys that died before `switch` as failed: they changed nothing that runs. A smoke
-    runner one of them left in the background is killed (by its recorded pid, if still its own)."""
-    from fleetspec.ops.smoke_run import stop as stop_smoke
-
-    ledger = ledger if ledger is not None else state.ledger()
-    ahead = set(ledger.staged_ahead())
-    out = []
-    for rid in ledger.interrupted():
-        if rid != running and ledger.releases()[rid] != L.SWITCHED:
-            if is_name(rid):
-                stop_smoke(state.t, state, rid)
-            reason = (f"staged ahead, never switched: superseded by {running}; host unchanged" if rid in ahead
-                      else "interrupted before switch; host unchanged")
-            state.record(L.Entry.status(rid, L.FAILED, reason=reason))
-            out.append(rid)
-    return out
-
-
 def _model_path(host, exec_argv: list[str]) -> str:
     for i, token in enumerate(exec_argv):
         if token == "--model-path" and i + 1 < len(exec_argv):
@@ -177,84 +155,6 @@ def _model_path(host, exec_argv: list[str]) -> str:
     return host.vars.model_path or "/nonexistent"
 
 
-def preload_patchsets(playbook) -> dict:
-    """Each version's patch set loaded (or the error loading it raised, raised again only if that
-    version is picked): their paths ride in preflight's batch before the host's version is known."""
-    out: dict = {}
-    for version, folder in (getattr(playbook, "patchsets", None) or {}).items():
-        try:
-            out[version] = load_patchset_once(folder)
-        except Exception as err:  # noqa: BLE001 - kept and raised where today's load raises it
-            out[version] = err
-    return out
-
-
-_LOADED: dict[str, tuple[tuple, object]] = {}
-_LOADING = threading.Lock()
-
-
-def _folder_stamp(folder) -> tuple:
-    """Every file under a patch set folder with its size and mtime: an edit makes a new stamp."""
-    out = []
-    for dirpath, _, names in os.walk(str(folder)):
-        for name in names:
-            st = os.lstat(os.path.join(dirpath, name))
-            out.append((dirpath, name, st.st_size, st.st_mtime_ns))
-    return tuple(sorted(out))
-
-
-def load_patchset_once(folder):
-    """load_patchset, once per process while the folder's files stay as they were: a deploy to N
-    hosts loads (a patches folder: builds) each version's patch set once, not once per host.
-    The hosts' threads start together, so the load is serialised: one thread loads (hashing the
-    sglang wheel for the build cache's key), the others wait for it and take its result.
-    Failures are not kept: the next host loads again and gets the error again."""
-    from fleetspec.model.patchset import load_patchset
-
-    with _LOADING:
-        stamp = _folder_stamp(folder)
-        kept = _LOADED.get(str(folder))
-        if kept is not None and kept[0] == stamp:
-            return kept[1]
-        patchset = load_patchset(folder)
-        _LOADED[str(folder)] = (stamp, patchset)
-        return patchset
-
-
-def candidate_paths(loaded: dict) -> tuple[str, ...]:
-    """Every file path of the loaded patch sets (few files each), for the sglang fact to hash."""
-    return tuple(sorted({f.path for ps in loaded.values() if not isinstance(ps, Exception) for f in ps.files}))
-
-
-def select_patchset(t: TransportLike, playbook, sg, host: str, loaded: dict | None = None):
-    if not playbook.patchsets:
-        return None
-    from fleetspec.model.patchset import check_base
-    from fleetspec.model.patchset import select_patchset as pick
-
-    folder = pick(playbook.patchsets, sg.version, host=host)
-    patchset = (loaded or {}).get(sg.version)
-    if isinstance(patchset, Exception):
-        raise patchset
-    patchset = patchset or load_patchset_once(folder)
-    check_contents(patchset)
-    try:
-        check_base(patchset, sg.version, _installed(t, sg, patchset))
-    except UserError as err:
-        raise UserError(f"{host}: {err}") from None
-    return patchset
-
-
-def _installed(t: TransportLike, sg, patchset) -> dict[str, str]:
-    """The patch set's installed sha256s: from the sglang fact when the batch hashed every one of
-    its paths, else read now (installed_hashes)."""
-    got = getattr(sg, "hashes", None)
-    wanted = [f.path for f in patchset.files]
-    if got is None or any(p not in got for p in wanted):
-        return installed_hashes(t, sg.site_packages, patchset)
-    return {p: got[p] for p in wanted if got[p] is not None}
-
-
 def check_templates(pf: "Preflight") -> None:
     """Render the drop-in once here, so a broken template is bad input (exit 2) found before the
     host is locked or written to, not an internal error half-way through a deploy."""
@@ -262,14 +162,14 @@ def check_templates(pf: "Preflight") -> None:
 
     from fleetspec.errors import ConfigError
     from fleetspec.model.release import BASELINE, Release
-    from fleetspec.ops import switching
+    from fleetspec.ops.rendering import dropin_text
 
     fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
                    sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE,
                    exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
                    launch=pf.launch.to_dict() if pf.launch else {})
     try:
-        switching.dropin_text(pf, fake)
+        dropin_text(pf, fake)
     except jinja2.TemplateError as err:
         where = getattr(err, "filename", None) or str(pf.root / "templates" / "fleetspec-dropin.conf.j2")
         line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
@@ -301,46 +201,6 @@ def _payload_bytes(patchset, kernels) -> int:
     for kernel in kernels:
         total += kernel.path.stat().st_size
     return total
-
-
-def installed_hashes(t: TransportLike, site_packages: str, patchset) -> dict[str, str]:
-    """sha256 of each of the patch set's paths as installed on the host (absent ones omitted)."""
-    paths = {f"{site_packages}/{f.path}": f.path for f in patchset.files}
-    got = files.sha256_map(t, paths)
-    return {paths[p]: digest for p, digest in got.items() if p in paths}
-
-
-def load_kernels(playbook, torch_facts, host: str) -> list:
-    """For each kernel folder, the build matching the host's ABI facts (torch, python, CUDA or cpu,
-    C++ ABI, GPU arch); none matching is refused whatever the kernel_policy, naming both sides and
-    the command that builds it. The policy decides what a library that then does not load means:
-    required fails the smoke tests, optional falls back to torch with a note."""
-    if not playbook.kernels:
-        return []
-    from fleetspec.errors import ConfigError
-    from fleetspec.model.kernel import KERNEL_JSON, find_built_kernel
-    from fleetspec.model.patchset import sha256_file
-
-    out = []
-    for folder in playbook.kernels:
-        kernel = find_built_kernel(folder, torch_facts, host=host)
-        if sha256_file(kernel.path) != kernel.sha256:     # here, not half-way through staging
-            raise ConfigError(kernel.spec.root / KERNEL_JSON, "build.sha256",
-                              f"the sha256 of {kernel.library_file} (it changed since the build)")
-        out.append(kernel)
-    return out
-
-
-def kernel_facts(torch_facts, gpus) -> dict:
-    """The ABI facts a kernel build must match: the torch fact's, plus the GPUs' compute
-    capabilities from nvidia-smi (a CUDA build must carry code for each)."""
-    from fleetspec.model.kernel import host_abi
-
-    facts = host_abi(torch_facts) if torch_facts is not None else {"torch": None}
-    caps = sorted({g.compute_cap for g in getattr(gpus, "gpus", []) or [] if getattr(g, "compute_cap", None)})
-    if caps:
-        facts["gpu_arch"] = tuple(caps)
-    return facts
 
 
 def check_disk(host: Host, disk, patchset, kernels: list) -> None:

@@ -23,7 +23,7 @@ from fleetspec.remote import files, systemd
 from fleetspec.remote.api import CommandResult, TransportLike
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
 
 @functools.lru_cache(maxsize=8)

@@ -18,7 +18,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, sha256
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE
-from fleetspec.ops import switching
+from fleetspec.ops import activation
 from fleetspec.ops.deploy import Outcome
 from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
 from fleetspec.remote import files, systemd
@@ -73,7 +73,7 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
         state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
         switch_started = time.monotonic()
         switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
-        result = switching.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
+        result = activation.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
                                      progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
                                      also=switched)
         progress(None)

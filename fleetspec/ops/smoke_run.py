@@ -15,60 +15,11 @@ from typing import TYPE_CHECKING, Callable
 from fleetspec.errors import FleetspecError, UserError
 from fleetspec.model.release import Release
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote import background, files, stage_host
+from fleetspec.remote import background, files, smoke_host, stage_host
 from fleetspec.remote.api import TransportLike
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
-
-SMOKE_TIMEOUT_S = 600     # the runner's own limit: a controller that dies never leaves it running
-
-# One python process runs every smoke script in turn (each in a fresh namespace), so sglang is
-# imported once per deploy instead of once per test; each script's output and exit code are kept
-# apart and read by that script's own parser.
-_SMOKE_RUNNER = """
-import contextlib, io, json, sys, traceback
-results = {}
-for name, src in json.loads(sys.stdin.read()):
-    out, code = io.StringIO(), 0
-    with contextlib.redirect_stdout(out):
-        try:
-            exec(compile(src, "<smoke " + name + ">", "exec"), {"__name__": "__fleetspec_smoke__"})
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException as exc:
-            code = 1
-            print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
-                              "traceback": traceback.format_exc(limit=4)}))
-    results[name] = [code, out.getvalue()]
-    if code != 0:
-        break
-sys.stdout.write("\\nFLEETSPEC-SMOKE " + json.dumps(results) + "\\n")
-"""
-
-
-def _payload(scripts: list[tuple[str, str]]) -> bytes:
-    return json.dumps([[name, script] for name, script in scripts]).encode()
-
-
-def _ran(python: str, rc: int | None, stdout: str, stderr: str) -> dict:
-    """The runner's {name: [exit code, output]} from its marker line, or why it did not run."""
-    marker = [line for line in stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
-    if not marker:
-        tail = (stderr.strip().splitlines() or [f"exit {rc}" if rc is not None else
-                                                f"killed or timed out after {SMOKE_TIMEOUT_S} s"])[-1]
-        raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
-    return json.loads(marker[-1].split(" ", 1)[1])
-
-
-def run_smoke_scripts(t: TransportLike, python: str, scripts: list[tuple[str, str]], pythonpath: str | None, rundir: str):
-    """One runner process for all scripts, started in the root-only `rundir` with PYTHONSAFEPATH
-    (files.python_c): never from /tmp, where anyone's json.py or torch.py would run as root.
-    Returns (the command's result, {name: [exit code, output]})."""
-    env = {"PYTHONPATH": pythonpath} if pythonpath else {}
-    r = files.run_python(t, python, _SMOKE_RUNNER, env=env, rundir=rundir, timeout_s=SMOKE_TIMEOUT_S,
-                         timeout=SMOKE_TIMEOUT_S + 60, stdin=_payload(scripts))
-    return r, _ran(python, r.rc, r.stdout, r.stderr)
+    from fleetspec.ops.preflight_result import Preflight
 
 
 def smoke_nice() -> int:
@@ -105,10 +56,10 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
     if not run.scripts:
         return run, None
     env = {"PYTHONPATH": str(rel / "overlay")} if pf.patchset and pf.patchset.files else {}
-    command = files.python_c(pf.python, _SMOKE_RUNNER, env=env, rundir=str(state.layout.run))
-    payload = _payload([(n, s) for n, s, _ in run.scripts]).decode()
+    command = files.python_c(pf.python, smoke_host.RUNNER, env=env, rundir=str(state.layout.run))
+    payload = smoke_host.runner_input([(n, s) for n, s, _ in run.scripts]).decode()
     reuse = pf.playbook.smoke.reuse
-    script = background.start_script(run.folder, command, timeout_s=SMOKE_TIMEOUT_S, nice=smoke_nice(),
+    script = background.start_script(run.folder, command, timeout_s=smoke_host.SMOKE_TIMEOUT_S, nice=smoke_nice(),
                                      on_success=stage_host.keep_verdict(run.folder) if reuse else "")
     cache = None
     if reuse:
@@ -125,7 +76,6 @@ def verdict_key(release_dir: str, python: str, command: str, payload: str, patch
     with the release's folder taken out (each release has its own; its content is the patch and
     kernel bytes), those bytes, the sglang install, and this fleetspec's smoke code, whose parsers
     read the kept output. The host adds its python, sys.path, environment and GPU driver."""
-    from fleetspec.ops import smoke
 
     def own(text: str) -> str:
         return text.replace(release_dir, "<release>")
@@ -133,7 +83,7 @@ def verdict_key(release_dir: str, python: str, command: str, payload: str, patch
             "sglang": version,
             "patch": {p: hashlib.sha256(b).hexdigest() for p, b in sorted(patch.items())},
             "kernels": {n: hashlib.sha256(b).hexdigest() for n, b in sorted(kernels.items())},
-            "code": [hashlib.sha256(Path(str(m.__file__)).read_bytes()).hexdigest() for m in (smoke, sys.modules[__name__])]}
+            "code": [hashlib.sha256(Path(str(m.__file__)).read_bytes()).hexdigest() for m in (smoke_host, sys.modules[__name__])]}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -141,8 +91,8 @@ def finish(t: TransportLike, run: SmokeRun) -> dict:
     """Wait for the runner the stage command started and read each script's verdict with its own parser."""
     if not run.scripts:
         return {"smoke": {}}
-    v = background.wait(t, run.folder, timeout=SMOKE_TIMEOUT_S + 60)
-    return _verdicts(run.scripts, _ran(run.python, v.rc, v.stdout, v.stderr), v.stderr)
+    v = background.wait(t, run.folder, timeout=smoke_host.SMOKE_TIMEOUT_S + 60)
+    return _verdicts(run.scripts, smoke_host.runner_results(run.python, v.rc, v.stdout, v.stderr), v.stderr)
 
 
 def tell(detail: dict, host: str, echo: Callable[[str], None]) -> None:
@@ -166,7 +116,7 @@ def smoke(t: TransportLike, pf: Preflight, state: HostState, release: Release) -
     scripts = pf.smoke_scripts(kernels_dir=kernels)
     if not scripts:
         return {"smoke": {}}
-    r, ran = run_smoke_scripts(t, pf.python, [(name, script) for name, script, _ in scripts],
+    r, ran = smoke_host.run_smoke_scripts(t, pf.python, [(name, script) for name, script, _ in scripts],
                                overlay if release.files else None, str(state.layout.run))
     return _verdicts(scripts, ran, r.stderr)
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fleetspec.model import ledger as L
+from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote import files, overlay, stage_host
 from fleetspec.remote.api import TransportLike
 
 if TYPE_CHECKING:
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
 SECRETS_FILE = "secrets/env"      # in the release folder: the folder 0700, the file 0600
 
@@ -87,3 +88,22 @@ def env_file_text(values: dict[str, str]) -> str:
     def esc(v: str) -> str:
         return "".join("\\" + c if c in '\\"`$' else c for c in v)
     return "".join(f'{k}="{esc(v)}"\n' for k, v in values.items())
+
+
+def abandon_unswitched(state: HostState, running: str, ledger: L.ParsedLedger | None = None) -> list[str]:
+    """Mark deploys that died before `switch` as failed: they changed nothing that runs. A smoke
+    runner one of them left in the background is killed (by its recorded pid, if still its own)."""
+    from fleetspec.ops.smoke_run import stop as stop_smoke
+
+    ledger = ledger if ledger is not None else state.ledger()
+    ahead = set(ledger.staged_ahead())
+    out = []
+    for rid in ledger.interrupted():
+        if rid != running and ledger.releases()[rid] != L.SWITCHED:
+            if is_name(rid):
+                stop_smoke(state.t, state, rid)
+            reason = (f"staged ahead, never switched: superseded by {running}; host unchanged" if rid in ahead
+                      else "interrupted before switch; host unchanged")
+            state.record(L.Entry.status(rid, L.FAILED, reason=reason))
+            out.append(rid)
+    return out

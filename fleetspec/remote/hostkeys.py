@@ -60,13 +60,18 @@ def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path 
 _KH_LOCK = threading.Lock()
 
 
-def _load_keys(host: Host) -> list[paramiko.PKey]:
-    """The inventory's key; without one, the agent's keys then ~/.ssh/id_* (as ssh would)."""
-    if host.ssh_key is not None:
-        try:
-            return [paramiko.PKey.from_path(host.ssh_key)]
-        except (OSError, paramiko.SSHException, ValueError) as err:
-            raise RemoteError(f"{host.name}: cannot load ssh key {host.ssh_key}: {err}") from None
+def _load_keys(host: Host, paths: tuple[Path, ...] = ()) -> list[paramiko.PKey]:
+    """`paths` (the route's keys: the inventory's or ssh_config's IdentityFile), else the
+    inventory's key; without one, the agent's keys then ~/.ssh/id_* (as ssh would)."""
+    chosen = paths or ((host.ssh_key,) if host.ssh_key is not None else ())
+    if chosen:
+        out = []
+        for path in chosen:
+            try:
+                out.append(paramiko.PKey.from_path(path))
+            except (OSError, paramiko.SSHException, ValueError) as err:
+                raise RemoteError(f"{host.name}: cannot load ssh key {path}: {err}") from None
+        return out
     keys: list[paramiko.PKey] = list(paramiko.Agent().get_keys())
     for name in ("id_ed25519", "id_ecdsa", "id_rsa"):
         p = Path.home() / ".ssh" / name

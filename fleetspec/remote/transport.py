@@ -23,6 +23,7 @@ from fleetspec.remote.exchange import Exchange, close_quietly, short
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
 from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
+from fleetspec.remote.ssh_config import Hop, Reach, reach
 from fleetspec.remote.ssh_lib import paramiko
 from fleetspec.remote.transfer import FileTransfer
 
@@ -62,7 +63,8 @@ class Transport(FileTransfer, HttpOverSsh):
         self.accept_new = accept_new_host_key or host.host_key_policy == "accept-new"
         self._lock = threading.Lock()
         self._ssh: paramiko.Transport | None = None
-        self._jump: paramiko.Transport | None = None
+        self._jumps: list[paramiko.Transport] = []
+        self._reach: Reach | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._access_ok = False
 
@@ -72,17 +74,27 @@ class Transport(FileTransfer, HttpOverSsh):
     def name(self) -> str:
         return self.host.name
 
+    @property
+    def reach(self) -> Reach:
+        """The route: the inventory's values over ssh_config's (remote/ssh_config.py), read once."""
+        if self._reach is None:
+            self._reach = reach(self.host)
+        return self._reach
+
     def connect(self) -> paramiko.Transport:
         with self._lock:
             if self._ssh is not None and self._ssh.is_active():
                 return self._ssh
             self._close_locked()
-            deadline = time.monotonic() + self.host.connect_timeout
+            r = self.reach
+            began = time.monotonic()
+            deadline = began + self.host.connect_timeout
             try:
                 self._ssh = self._connect_retrying(deadline)
             except _Retryable as err:
-                raise RemoteError(f"{self.name}: cannot reach {self.host.address}:{self.host.port}"
-                                  f"{' via ' + str(self.host.jump) if self.host.jump else ''}: {err}") from None
+                via = "".join(f" via {j}" for j in reversed(r.jumps))
+                raise RemoteError(f"{self.name}: cannot reach {r.target.address}:{r.target.port}{via}: {err}") from None
+            _observe(self.name, r.describe(), began, "connected")
             return self._ssh
 
     def _connect_retrying(self, deadline: float) -> paramiko.Transport:
@@ -105,53 +117,59 @@ class Transport(FileTransfer, HttpOverSsh):
         return retry(self._connect_once, deadline)
 
     def _connect_once(self, deadline: float) -> paramiko.Transport:
-        h = self.host
+        r = self.reach
         remaining = max(0.1, deadline - time.monotonic())
-        if h.jump is not None:
-            sock = self._jump_channel(remaining)
-        else:
-            try:
-                sock = socket.create_connection((h.address, h.port), timeout=remaining)
-            except socket.gaierror as err:  # a name that does not resolve will not start to
-                raise RemoteError(f"{self.name}: cannot resolve {h.address}: {err.strerror or err}") from None
-            except (ConnectionError, socket.timeout, TimeoutError, OSError) as err:
-                raise _Retryable(str(err) or type(err).__name__) from None
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _give_up_on_dead_links(sock, h.connect_timeout)
-        return self._handshake(sock, h.address, h.port, h.user, deadline, h.known_hosts_name)
+        sock = self._jump_channel(remaining) if r.jumps else self._socket(r.target, remaining, "")
+        return self._handshake(sock, r.target, deadline)
+
+    def _socket(self, hop: Hop, timeout: float, what: str) -> socket.socket:
+        try:
+            sock = socket.create_connection((hop.address, hop.port), timeout=timeout)
+        except socket.gaierror as err:  # a name that does not resolve will not start to
+            raise RemoteError(f"{self.name}: cannot resolve {what}{hop.address}: {err.strerror or err}") from None
+        except (ConnectionError, socket.timeout, TimeoutError, OSError) as err:
+            raise _Retryable((f"{what}{hop}: " if what else "") + (str(err) or type(err).__name__)) from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _give_up_on_dead_links(sock, self.host.connect_timeout)
+        return sock
 
     def _jump_channel(self, timeout: float):
-        h, j = self.host, self.host.jump
-        if self._jump is None or not self._jump.is_active():
-            try:
-                sock = socket.create_connection((j.address, j.port), timeout=timeout)
-            except socket.gaierror as err:
-                raise RemoteError(f"{self.name}: cannot resolve jump host {j.address}: {err.strerror or err}") from None
-            except OSError as err:
-                raise _Retryable(f"jump {j}: {err}") from None
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _give_up_on_dead_links(sock, h.connect_timeout)
-            name = j.address if j.port == 22 else f"[{j.address}]:{j.port}"
-            self._jump = self._handshake(sock, j.address, j.port, j.user or h.user,
-                                         time.monotonic() + timeout, name)
-        try:
-            return self._jump.open_channel("direct-tcpip", (h.address, h.port), ("127.0.0.1", 0), timeout=timeout)
-        except (paramiko.ChannelException, paramiko.SSHException, OSError) as err:
-            raise _Retryable(f"via jump {j}: {err}") from None
+        """A direct-tcpip channel to the target through each ProxyJump hop in turn (outermost first);
+        the hops' connections are kept open for the next connect."""
+        r = self.reach
+        if not (self._jumps and all(j.is_active() for j in self._jumps)):
+            self._close_jumps()
+            deadline = time.monotonic() + timeout
+            sock = self._socket(r.jumps[0], timeout, "jump host ")
+            for i, hop in enumerate(r.jumps):
+                if i:
+                    sock = self._channel(self._jumps[-1], hop, deadline - time.monotonic(), r.jumps[i - 1])
+                self._jumps.append(self._handshake(sock, hop, deadline))
+        return self._channel(self._jumps[-1], r.target, timeout, r.jumps[-1])
 
-    def _handshake(self, sock, address, port, user, deadline, kh_name) -> paramiko.Transport:
+    @staticmethod
+    def _channel(through: paramiko.Transport, to: Hop, timeout: float, via: Hop):
+        try:
+            return through.open_channel("direct-tcpip", (to.address, to.port), ("127.0.0.1", 0),
+                                        timeout=max(0.1, timeout))
+        except (paramiko.ChannelException, paramiko.SSHException, OSError) as err:
+            raise _Retryable(f"via jump {via}: {err}") from None
+
+    def _handshake(self, sock, hop: Hop, deadline: float) -> paramiko.Transport:
         t = paramiko.Transport(sock)
         sock.settimeout(READER_WAKE_S)     # after paramiko's own 0.1 s (set in its __init__)
         _prefer_aead(t.get_security_options())
+        address, port, user = hop.address, hop.port, hop.user
         try:
             t.banner_timeout = t.auth_timeout = max(1.0, deadline - time.monotonic())
             try:
                 t.start_client(timeout=max(1.0, deadline - time.monotonic()))
             except (paramiko.SSHException, EOFError, OSError) as err:
                 raise _Retryable(f"SSH handshake with {address}:{port} failed: {err}") from None
-            check_host_key(self.name, kh_name, t.get_remote_server_key(), self.host.known_hosts, self.accept_new)
+            check_host_key(self.name, hop.known_hosts_name, t.get_remote_server_key(), self.host.known_hosts,
+                           self.accept_new)
             errors = []
-            for key in _load_keys(self.host):
+            for key in _load_keys(self.host, hop.keys or self.reach.target.keys):
                 try:
                     t.auth_publickey(user, key)
                 except paramiko.AuthenticationException as err:
@@ -162,8 +180,9 @@ class Transport(FileTransfer, HttpOverSsh):
                 if t.is_authenticated():
                     break
             if not t.is_authenticated():
+                shown = hop.keys or self.reach.target.keys or ((self.host.ssh_key,) if self.host.ssh_key else ())
                 raise RemoteError(f"{self.name}: {user}@{address}:{port} refused our key"
-                                  f"{' (' + str(self.host.ssh_key) + ')' if self.host.ssh_key else ''}")
+                                  f"{' (' + ', '.join(map(str, shown)) + ')' if shown else ''}")
             t.set_keepalive(30)
             return t
         except BaseException:
@@ -175,19 +194,32 @@ class Transport(FileTransfer, HttpOverSsh):
             self._close_locked()
 
     def _close_locked(self) -> None:
-        for thing in (self._sftp, self._ssh, self._jump):
+        for thing in (self._sftp, self._ssh):
             if thing is not None:
                 try:
                     thing.close()
                 except Exception:  # noqa: BLE001 - closing is best effort
                     pass
-        self._sftp = self._ssh = self._jump = None
+        self._sftp = self._ssh = None
+        self._close_jumps()
+
+    def _close_jumps(self) -> None:
+        for jump in reversed(self._jumps):
+            try:
+                jump.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self._jumps = []
 
     # ---- commands --------------------------------------------------------------------------
 
     @property
     def needs_sudo(self) -> bool:
-        return self.host.become == "sudo"
+        """become: sudo, or, where the inventory named neither user nor become, a user other than
+        root that ssh_config chose (as the inventory would have defaulted for that user)."""
+        if {"user", "become"} & self.host.inventory_sets:
+            return self.host.become == "sudo"
+        return self.host.become == "sudo" or self.reach.target.user != "root"
 
     def _wrap(self, script: str) -> str:
         return become_sudo(script) if self.needs_sudo else f"sh -c {shlex.quote(script)}"
@@ -221,7 +253,7 @@ class Transport(FileTransfer, HttpOverSsh):
         problem = sudo_problem(r.rc, r.stderr + r.stdout, self.host.user)
         if problem:
             h = self.host
-            raise UserError(f"{h.name}: {h.user}@{h.address} cannot act as root: {problem} "
+            raise UserError(f"{h.name}: {self.reach.target.user}@{h.address} cannot act as root: {problem} "
                             f"(user:/become: in {h.inventory_path or 'the inventory'})")
         self._access_ok = True
 

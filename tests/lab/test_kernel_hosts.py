@@ -72,13 +72,13 @@ def test_kernels_build_on_a_lab_host(lab_fleet, tmp_path):
 def cuda_kernel():
     """The CUDA build made here without a GPU (the toolchain is fetched by scripts/cuda-toolchain.sh,
     or by prepare under FLEETSPEC_CUDA_BUILD=1)."""
-    from fleetspec.model import kernel as K
+    from fleetspec.build import kernel as KB
     from tests.unit.test_kernel_abi import TOOLCHAIN_SKIP
 
     if not (TOOLCHAIN / ".complete").is_file():
         pytest.skip(TOOLCHAIN_SKIP)
 
-    kernel, _ = K.build_kernel_offline(SOURCE, TOOLCHAIN / "torch-wheel", TOOLCHAIN / "cuda/nvidia/cu13", "9.0")
+    kernel, _ = KB.build_kernel_offline(SOURCE, TOOLCHAIN / "torch-wheel", TOOLCHAIN / "cuda/nvidia/cu13", "9.0")
     return kernel
 
 

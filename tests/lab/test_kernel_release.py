@@ -32,7 +32,8 @@ def _host(lab_fleet) -> str:
 def _root(lab_fleet, tmp_path: Path, *, required: bool, broken: bool) -> Path:
     """A copy of the fleet root; `broken` ships, as the kernel's build, a loadable library that
     registers no op (what a stale or foreign .so does), `required` flips the kernel_policy."""
-    from fleetspec.model.kernel import KERNEL_JSON, build_kernel
+    from fleetspec.build.kernel import build_kernel
+    from fleetspec.model.kernel import KERNEL_JSON
 
     root = tmp_path / "fleet"
     for folder in ("playbooks", "templates"):

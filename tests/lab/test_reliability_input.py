@@ -31,7 +31,7 @@ def rel(lab_fleet, tmp_path_factory):
 # Root builders: each gets (root folder, host slot) and edits what the case needs -----------------
 def _copy_patchset(root: Path, slot: int) -> Path:
     """A private copy of the real (generated) patch set for the host's version, wired into ddtree.yaml."""
-    from fleetspec.model.patchset import load_patchset
+    from fleetspec.build.patchset import load_patchset
 
     src = load_patchset(R.ROOT / "playbooks" / "ddtree" / "patches" / PS[slot]).root
     dest = root / "playbooks" / "bad" / "patchsets" / PS[slot]

@@ -5,13 +5,9 @@ import pytest
 from fleetspec.errors import UserError
 from fleetspec.model.overrides import parse_overrides
 from fleetspec.model.playbook import load_playbook
-from fleetspec.ops.argv import (
-    derive_argv,
-    render_flags,
-    resolve_options,
-    speculative_algorithm_from_argv,
-    split_speculative,
-)
+from fleetspec.ops.argv import derive_argv, speculative_algorithm_from_argv, split_speculative
+from fleetspec.ops.flags import render_flags
+from fleetspec.ops.options import resolve_options
 
 CT129 = ("/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B "
          "--port 30000 --host 0.0.0.0 --tp-size 2 --mem-fraction-static 0.88 --context-length 131072 "

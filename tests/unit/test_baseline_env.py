@@ -13,8 +13,8 @@ from fleetspec.model.baseline import REDACTED, Baseline
 from fleetspec.model.inventory import load_inventory
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.remote.facts.unit_files import UnitFiles
-from fleetspec.remote.facts.unitfile import environment_of
 from fleetspec.remote.transport import Transport
+from fleetspec.systemd_unit import environment_of
 
 UNIT_PATH = "/etc/systemd/system/sglang-qwen.service"
 DROPIN_PATH = "/etc/systemd/system/sglang-qwen.service.d/10-ops.conf"

@@ -17,10 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fleetspec.model import kernel as K  # noqa: E402
+from fleetspec.build import kernel as KB  # noqa: E402
 from fleetspec.model import payload  # noqa: E402
-from fleetspec.ops import smoke  # noqa: E402
-from fleetspec.ops.switching import kernel_path  # noqa: E402
+from fleetspec.ops.smoke_run import kernel_path  # noqa: E402
+from fleetspec.remote import smoke_host as smoke  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"
@@ -35,7 +35,7 @@ def _payload(name: str):
 def built():
     # The default cache, as in test_kernel.py: one process must load one copy of the library only
     # (two copies of one TORCH_LIBRARY abort the process).
-    kernel, _ = K.build_kernel(SOURCE)
+    kernel, _ = KB.build_kernel(SOURCE)
     return kernel
 
 

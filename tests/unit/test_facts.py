@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from fleetspec import systemd_unit
 from fleetspec.model.inventory import load_inventory
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
-from fleetspec.remote.facts import disk, gpu, model_config, release_state, sglang, systemd, torch, unitfile
+from fleetspec.remote.facts import disk, gpu, model_config, release_state, sglang, systemd, torch
 from fleetspec.remote.transport import Transport
 from tests.unit.test_facts_cases import load_case, parse_case
 
@@ -59,12 +60,12 @@ def test_systemd_command_is_quoted():
 def test_unit_files_give_exact_argv():
     unit = "[Unit]\nDescription=x\n[Service]\nExecStart=/py -m sglang.launch_server --chat-template \"a b\" \\\n  --port 30000\n"
     dropin = "[Service]\nEnvironment=A=1\n"
-    assert unitfile.effective_exec_start(unit, [dropin]) == [
+    assert systemd_unit.effective_exec_start(unit, [dropin]) == [
         "/py", "-m", "sglang.launch_server", "--chat-template", "a b", "--port", "30000"]
-    with pytest.raises(unitfile.UnitSyntaxError, match="exactly one"):
-        unitfile.effective_exec_start(unit, ["[Service]\nExecStart=\n"])
-    with pytest.raises(unitfile.UnitSyntaxError, match=r"\$VARIABLES"):
-        unitfile.effective_exec_start("[Service]\nExecStart=/py $OPTS\n")
+    with pytest.raises(systemd_unit.UnitSyntaxError, match="exactly one"):
+        systemd_unit.effective_exec_start(unit, ["[Service]\nExecStart=\n"])
+    with pytest.raises(systemd_unit.UnitSyntaxError, match=r"\$VARIABLES"):
+        systemd_unit.effective_exec_start("[Service]\nExecStart=/py $OPTS\n")
 
 
 def test_disk_command_on_this_machine(tmp_path):

@@ -86,7 +86,7 @@ def test_a_fresh_kernel_build_loads_once_in_the_building_process(tmp_path):
     pytest.importorskip("torch")
     script = (
         "import sys, torch\n"
-        "from fleetspec.model.kernel import build_kernel\n"
+        "from fleetspec.build.kernel import build_kernel\n"
         "k, built = build_kernel(sys.argv[1], cache=sys.argv[2])\n"
         "assert built\n"
         "torch.ops.load_library(str(k.path))\n"

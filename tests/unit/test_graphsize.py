@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetspec import systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import graphsize, launch
 from fleetspec.model.playbook import load_playbook
-from fleetspec.remote.facts import unitfile
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = yaml.safe_load((ROOT / "tests" / "fixtures" / "execstart_corpus.yaml").read_text())
@@ -42,7 +42,7 @@ def test_the_corpus_has_cases_that_size_the_graph():
 
 @pytest.mark.parametrize("case", WITH_FLAG, ids=[c["id"] for c in WITH_FLAG])
 def test_corpus_graph_sizes_keep_verify_tokens_within_the_baseline(case):
-    argv = list(unitfile.effective_exec_command(case["unit"]).argv)
+    argv = list(systemd_unit.effective_exec_command(case["unit"]).argv)
     d = derive(argv, T13)
     before_bs = value_of(argv, "--cuda-graph-max-bs")
     width = graphsize.baseline_width(d.dropped, T13, d.algorithm)

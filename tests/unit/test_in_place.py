@@ -7,7 +7,7 @@ import hashlib
 import subprocess
 
 from fleetspec.model.release import Release
-from fleetspec.ops.switching import in_place_apply, in_place_undo
+from fleetspec.remote.release_files import in_place_apply, in_place_undo
 
 
 def sha(b: bytes) -> str:

@@ -60,7 +60,7 @@ def test_unknown_host_and_group_name_the_file(tmp_path):
 @pytest.mark.parametrize("text,match", [
     ("hosts: {h1: {address: a, port: 0}}", r"hosts\.h1\.port: expected a port number"),
     ("hosts: {h1: {address: a, colour: red}}", r"hosts\.h1\.colour: unknown key"),
-    ("hosts: {h1: {port: 22}}", r"hosts\.h1\.address: missing"),
+    ("hosts: {h1: {address: [a]}}", r"hosts\.h1\.address: expected"),
     ("hosts: {h1: {address: a, vars: {gpus: 2}}}", r"hosts\.h1\.vars\.gpus: unknown var"),
     ("hosts: {h1: {address: a}}\nhosts: {h2: {address: b}}", r"duplicate key 'hosts'"),
     ("hosts: {h1: {address: a, jump: 'a@b@c'}}", r"hosts\.h1\.jump: expected"),
@@ -70,6 +70,12 @@ def test_unknown_host_and_group_name_the_file(tmp_path):
 def test_bad_inventories(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match):
         load_inventory(write(tmp_path, text))
+
+
+def test_a_host_without_an_address_is_reached_by_its_name(tmp_path):
+    """As `ssh NAME` would: the name is looked up in ~/.ssh/config (remote/ssh_config.py)."""
+    host = load_inventory(write(tmp_path, "hosts: {gpu-alias: {port: 2222}}")).hosts["gpu-alias"]
+    assert (host.address, host.port, host.inventory_sets) == ("gpu-alias", 2222, frozenset({"port"}))
 
 
 def test_resolve_inventory_path(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fleetspec.build import kernel as KB  # noqa: E402
 from fleetspec.errors import ConfigError, UserError  # noqa: E402
 from fleetspec.model import kernel as K  # noqa: E402
 from fleetspec.model import payload  # noqa: E402
@@ -29,7 +30,7 @@ def _ddtree_utils():
 
 @pytest.fixture(scope="module")
 def built():
-    kernel, _ = K.build_kernel(SOURCE)  # cached under /var/cache/fleetspec/kernels after the first build
+    kernel, _ = KB.build_kernel(SOURCE)  # cached under /var/cache/fleetspec/kernels after the first build
     return kernel
 
 

@@ -16,9 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fleetspec.build import kernel as KB  # noqa: E402
 from fleetspec.errors import UserError  # noqa: E402
 from fleetspec.model import kernel as K  # noqa: E402
-from fleetspec.ops.preflight import kernel_facts  # noqa: E402
+from fleetspec.ops.selection import kernel_facts  # noqa: E402
 from fleetspec.remote.facts import gpu as gpu_fact  # noqa: E402
 from fleetspec.remote.facts import torch as torch_fact  # noqa: E402
 
@@ -38,7 +39,7 @@ CUDA_HOST = {"python_tag": "cp311", "torch": "2.11.0+cu130", "cuda": "13.0", "cx
 
 @pytest.fixture(scope="module")
 def built():
-    kernel, _ = K.build_kernel(SOURCE)     # this machine's CPU build (the default cache, as test_kernel.py)
+    kernel, _ = KB.build_kernel(SOURCE)     # this machine's CPU build (the default cache, as test_kernel.py)
     return kernel
 
 
@@ -103,13 +104,13 @@ def test_a_cuda_build_without_cuda_torch_here_says_what_is_missing():
     if torch.version.cuda:
         pytest.skip("this machine's torch is a CUDA build")
     with pytest.raises(UserError, match="CPU build.*--cuda|CPU build"):
-        K.build_kernel(SOURCE, cuda=True, arch="9.0")
+        KB.build_kernel(SOURCE, cuda=True, arch="9.0")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (TOOLCHAIN / ".complete").is_file(), reason=TOOLCHAIN_SKIP)
 def test_a_real_cuda_build_made_here_is_selected_for_a_cuda_host(built, tmp_path):
-    kernel, _ = K.build_kernel_offline(SOURCE, TOOLCHAIN / "torch-wheel", TOOLCHAIN / "cuda/nvidia/cu13", "9.0")
+    kernel, _ = KB.build_kernel_offline(SOURCE, TOOLCHAIN / "torch-wheel", TOOLCHAIN / "cuda/nvidia/cu13", "9.0")
     assert (kernel.abi.torch, kernel.abi.cuda, kernel.abi.arch_list, kernel.abi.cxx11_abi) == (
         "2.11.0+cu130", "13.0", ("9.0",), True)
     needed = subprocess.run(["readelf", "-d", str(kernel.path)], capture_output=True, text=True, check=True).stdout

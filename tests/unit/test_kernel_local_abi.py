@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
+from fleetspec.build import kernel
 from fleetspec.errors import UserError
-from fleetspec.model import kernel
 
 
 def test_cpu_build_records_this_torch():

@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fleetspec.build import kernel as KB  # noqa: E402
 from fleetspec.model import kernel as K  # noqa: E402
 from fleetspec.remote.files import RUN_DIR  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_a_build_on_the_host_lands_in_the_cache_keyed_by_its_abi_and_runs(fleet,
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tree_mask: built on h1" in r.stdout
     [kernel] = K.built_kernels(SOURCE, tmp_path / "cache")
-    here = K.local_abi(False)
+    here = KB.local_abi(False)
     assert kernel.abi == here and kernel.path.parent.name == K.cache_key(K.load_spec(SOURCE), here)
     kernel.file_bytes()
     ran = subprocess.run([sys.executable, "-c", _LOAD, str(kernel.path)], capture_output=True, text=True, timeout=120)

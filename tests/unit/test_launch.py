@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from fleetspec import render
+from fleetspec import render, systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import launch
 from fleetspec.model.playbook import load_playbook
 from fleetspec.ops import argv as argv_ops
+from fleetspec.ops.activation import exec_start_mismatch
 from fleetspec.ops.hoststate import DROPIN_NAME, is_ours, sorts_after_ours
-from fleetspec.ops.switching import exec_start_mismatch
 from fleetspec.remote.facts import systemd as systemd_fact
-from fleetspec.remote.facts import unitfile
 
 T23 = launch.load_table("0.5.23")
 T13 = launch.load_table("0.5.13.post1")
@@ -73,7 +72,7 @@ def test_refused_forms_name_the_form_and_the_way_out(words, named):
 
 
 def _shellish(words):
-    return unitfile.parse_exec(words)[0].argv
+    return systemd_unit.parse_exec(words)[0].argv
 
 
 def test_at_prefix_identity_comes_from_the_path_not_argv0():
@@ -155,7 +154,7 @@ def test_prefixes_round_trip(prefix):
     path = PY if "@" in prefix else None
     line = render.exec_line(argv, prefix, path)
     assert line.startswith(prefix + (PY if path else argv[0]))
-    back = unitfile.effective_exec_command(f"[Service]\nExecStart={line}\n")
+    back = systemd_unit.effective_exec_command(f"[Service]\nExecStart={line}\n")
     assert back.flags == prefix and back.path == PY and list(back.argv) == argv
 
 
@@ -166,9 +165,9 @@ def test_at_line_keeps_path_and_argv0():
 
 def test_colon_prefix_keeps_dollar_as_written():
     unit = "[Service]\nExecStart=:/opt/venv/bin/python -m sglang.launch_server --served-model-name q$$x --model-path $HOME\n"
-    cmd = unitfile.effective_exec_command(unit)
+    cmd = systemd_unit.effective_exec_command(unit)
     assert cmd.argv[-3:] == ("q$$x", "--model-path", "$HOME")    # no expansion under ':'
-    assert unitfile.effective_exec_command(f"[Service]\nExecStart={render.exec_line(cmd.argv, ':')}\n") == cmd
+    assert systemd_unit.effective_exec_command(f"[Service]\nExecStart={render.exec_line(cmd.argv, ':')}\n") == cmd
 
 
 # Drop-in order and the check after daemon-reload -------------------------------------------------------
@@ -214,7 +213,7 @@ def _preflight(form_, new_argv, launch_dict):
     from types import SimpleNamespace
 
     from fleetspec.model.release import Release
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.preflight_result import Preflight
 
     root = Path(__file__).parents[2]
     playbook = load_playbook(root / "playbooks" / "ddtree.yaml")
@@ -231,18 +230,18 @@ def _preflight(form_, new_argv, launch_dict):
 def test_rendered_dropin_keeps_prefix_path_and_unsets_speculation_env():
     """The drop-in as systemd reads it after the unit: the derived command with `-@`, its
     executable and argv[0] kept; the dropped speculation-only variables unset."""
-    from fleetspec.ops.switching import dropin_text
+    from fleetspec.ops.rendering import dropin_text
 
     unit = ("[Service]\nEnvironment=SGLANG_ENABLE_SPEC_V2=1\n"
             "ExecStart=-@/opt/venv/bin/python sglang-r1 -m sglang.launch_server --model-path /m "
             "--speculative-algorithm EAGLE --served-model-name 50%%$$x\n")
-    cmd = unitfile.effective_exec_command(unit)
+    cmd = systemd_unit.effective_exec_command(unit)
     f = launch.classify(list(cmd.argv), path=cmd.path, prefix=cmd.flags)
     d = launch.derive(f, T23, FLAGS)
     pf, release = _preflight(f, d.argv, {"env_dropped": ["SGLANG_ENABLE_SPEC_V2"]})
     text = dropin_text(pf, release)
     assert "UnsetEnvironment=SGLANG_ENABLE_SPEC_V2" in text
-    got = unitfile.effective_exec_command(unit, [text])
+    got = systemd_unit.effective_exec_command(unit, [text])
     assert (got.flags, got.path, list(got.argv)) == ("-@", "/opt/venv/bin/python", d.argv)
     assert d.argv[:4] == ["sglang-r1", "-m", "sglang.launch_server", "--model-path"]
 
@@ -250,7 +249,7 @@ def test_rendered_dropin_keeps_prefix_path_and_unsets_speculation_env():
 def test_dropin_order_is_checked_at_preflight():
     from types import SimpleNamespace
 
-    from fleetspec.ops.preflight import check_dropin_order
+    from fleetspec.ops.preflight_checks import check_dropin_order
 
     host = SimpleNamespace(name="h")
     ok = SimpleNamespace(dropin_paths=["/etc/systemd/system/s.d/override.conf", f"/etc/systemd/system/s.d/{DROPIN_NAME}"])
@@ -263,7 +262,7 @@ def test_dropin_order_is_checked_at_preflight():
 def test_admin_exec_start_dropins_are_reported_and_legacy_name_noted():
     from types import SimpleNamespace
 
-    from fleetspec.ops.preflight import admin_exec_start_dropins
+    from fleetspec.ops.preflight_checks import admin_exec_start_dropins
     from fleetspec.ops.status import _dropin_notes
 
     d = "/etc/systemd/system/s.service.d"
@@ -278,9 +277,9 @@ def test_admin_exec_start_dropins_are_reported_and_legacy_name_noted():
 def test_baseline_environment_comes_from_the_unit_files_not_from_fleetspecs_dropin():
     unit = ('[Service]\nEnvironment=A=1 "SGLANG_ENABLE_SPEC_V2=1" B=5%%\nEnvironment=C=3\n')
     admin = "[Service]\nUnsetEnvironment=C\nEnvironment=SGLANG_SIMULATE_ACC_LEN=2\n"
-    assert unitfile.effective_environment(unit, [admin]) == {"A": "1", "SGLANG_ENABLE_SPEC_V2": "1", "B": "5%",
+    assert systemd_unit.effective_environment(unit, [admin]) == {"A": "1", "SGLANG_ENABLE_SPEC_V2": "1", "B": "5%",
                                                              "SGLANG_SIMULATE_ACC_LEN": "2"}
-    assert unitfile.effective_environment(unit, ["[Service]\nEnvironment=\n"]) == {}
+    assert systemd_unit.effective_environment(unit, ["[Service]\nEnvironment=\n"]) == {}
 
 
 def test_simulated_acceptance_makes_every_gate_inconclusive_and_blocking():

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetspec import render
+from fleetspec import render, systemd_unit
 from fleetspec.lab.envs import SGLANG_VERSIONS
 from fleetspec.model import launch
-from fleetspec.remote.facts import unitfile
 
 CORPUS = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "execstart_corpus.yaml").read_text())
 FLAGS = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/draft",
@@ -50,11 +49,11 @@ def _expect(case, version):
 
 
 def _command(case):
-    return unitfile.effective_exec_command(case["unit"])
+    return systemd_unit.effective_exec_command(case["unit"])
 
 
 def _environment(case) -> dict:
-    return unitfile.effective_environment(case["unit"])
+    return systemd_unit.effective_environment(case["unit"])
 
 
 def test_corpus_is_real_and_large_enough():
@@ -149,7 +148,7 @@ def _check_moved(case, form, derived, before, after, reference, version):
     cid = f"{case['id']} on {version}"
     # render -> systemd's parse -> the process's argv: byte-exact, prefix and executable kept
     line = render.exec_line(derived.argv, form.prefix, form.path if "@" in form.prefix else None)
-    back = unitfile.effective_exec_command(f"[Service]\nExecStart=\nExecStart={line}\n")
+    back = systemd_unit.effective_exec_command(f"[Service]\nExecStart=\nExecStart={line}\n")
     assert list(back.argv) == derived.argv, cid
     assert back.flags == form.prefix and back.path == form.path, cid
     assert derived.argv[:form.start] == list(form.argv[:form.start]), cid
@@ -184,8 +183,8 @@ def test_smoke_parses_exactly_the_entry_points_slice(version):
     from types import SimpleNamespace
 
     from fleetspec.lab.envs import local_env
-    from fleetspec.ops.preflight import Preflight
-    from fleetspec.ops.switching import _SMOKE_RUNNER
+    from fleetspec.ops.preflight_result import Preflight
+    from fleetspec.remote.smoke_host import RUNNER as _SMOKE_RUNNER
 
     table = launch.load_table(version)
     units = ["/v/bin/python3 -u -X faulthandler -m sglang.launch_server --model-path /m --speculative-algo EAGLE --port 1",
@@ -220,7 +219,7 @@ def test_unknown_version_reads_the_hosts_own_parser(tmp_path, inventory_writer, 
     from fleetspec.errors import UserError
     from fleetspec.lab.envs import local_env
     from fleetspec.model.inventory import load_inventory
-    from fleetspec.ops.argv import option_table
+    from fleetspec.remote.option_table import option_table
     from fleetspec.remote.transport import Transport
 
     host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key,

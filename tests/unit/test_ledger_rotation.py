@@ -15,6 +15,7 @@ import pytest
 from fleetspec.model import ledger as L
 from fleetspec.ops import planning
 from fleetspec.ops.hoststate import HostState
+from fleetspec.remote import ledger_files
 from fleetspec.remote.lock import RemoteLock, is_held
 
 PAD = "x" * 120
@@ -158,7 +159,7 @@ def test_lines_appended_after_the_read_stay_even_after_a_torn_last_line(t, tmp_p
     state.record(L.Entry.status("RLATE", L.STAGED))           # after the read, before the rotation
     script, archive = planning.rotation_script(state, old)
     r = t.run_script(script, timeout=30)
-    assert r.rc == 0 and planning.ROTATED_MARK in r.stdout, r
+    assert r.rc == 0 and ledger_files.ROTATED_MARK in r.stdout, r
     assert ledger.read_text().endswith(state.written[-1] + "\n")
     assert state.ledger().releases()["RLATE"] == L.STAGED
     assert Path(archive).read_text().startswith(old)

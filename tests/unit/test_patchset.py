@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fleetspec.build import patchset as B
 from fleetspec.cli import main
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model import patchset as P
@@ -40,7 +41,7 @@ def _base_hashes(ps: P.PatchSet) -> dict[str, str]:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_shipped_patchsets_verify_against_the_real_record(version):
-    ps = P.load_patchset(PATCHSETS / f"sglang-{version}")
+    ps = B.load_patchset(PATCHSETS / f"sglang-{version}")
     assert (ps.package, ps.version) == ("sglang", version)
     result = P.verify_patchset(ps)
     assert result.record_checked == (P.find_wheel("sglang", version) is not None)
@@ -50,18 +51,18 @@ def test_shipped_patchsets_verify_against_the_real_record(version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_pristine_base_passes_check_base(version):
-    ps = P.load_patchset(PATCHSETS / f"sglang-{version}")
+    ps = B.load_patchset(PATCHSETS / f"sglang-{version}")
     P.check_base(ps, version, _base_hashes(ps))
 
 
 def test_other_version_is_refused_naming_both():
-    ps = P.load_patchset(PATCHSETS / "sglang-0.5.13.post1")
+    ps = B.load_patchset(PATCHSETS / "sglang-0.5.13.post1")
     with pytest.raises(UserError, match=r"sglang==0\.5\.13\.post1.*sglang==0\.5\.23"):
         P.check_base(ps, "0.5.23", _base_hashes(ps))
 
 
 def test_drifted_base_file_is_refused_naming_it():
-    ps = P.load_patchset(PATCHSETS / "sglang-0.5.13.post1")
+    ps = B.load_patchset(PATCHSETS / "sglang-0.5.13.post1")
     hashes = _base_hashes(ps)
     drifted = ps.replaced[1].path
     hashes[drifted] = "0" * 64
@@ -74,7 +75,7 @@ def test_drifted_base_file_is_refused_naming_it():
 
 
 def test_unknown_file_at_an_added_path_is_refused():
-    ps = P.load_patchset(PATCHSETS / "sglang-0.5.13.post1")
+    ps = B.load_patchset(PATCHSETS / "sglang-0.5.13.post1")
     hashes = _base_hashes(ps) | {"sglang/srt/speculative/ddtree_utils.py": "1" * 64}
     with pytest.raises(UserError, match="ddtree_utils.py exists on the host"):
         P.check_base(ps, "0.5.13.post1", hashes)
@@ -103,7 +104,7 @@ def _write(folder: Path, files: dict[str, bytes], entries=None, extra=()) -> Pat
 
 
 def test_a_minimal_patchset_loads(tmp_path):
-    ps = P.load_patchset(_write(tmp_path, {"sglang/x.py": b"x = 1\n"}))
+    ps = B.load_patchset(_write(tmp_path, {"sglang/x.py": b"x = 1\n"}))
     assert ps.files[0].action == "add"
 
 
@@ -119,7 +120,7 @@ def test_bad_paths_are_refused_naming_manifest_and_entry(tmp_path, path, expecte
     folder = _write(tmp_path, {"sglang/x.py": b"1"},
                     entries=[{"path": path, "action": "add", "sha256": "a" * 64}])
     with pytest.raises(ConfigError) as err:
-        P.load_patchset(folder)
+        B.load_patchset(folder)
     msg = str(err.value)
     assert msg.startswith(f"{folder / 'manifest.json'}: files[0].path:") and expected in msg
 
@@ -128,18 +129,18 @@ def test_symlinks_in_the_folder_are_refused(tmp_path):
     folder = _write(tmp_path, {"sglang/x.py": b"1"})
     (folder / "files/sglang/y.py").symlink_to("/etc/hostname")
     with pytest.raises(ConfigError, match="symlinks are refused"):
-        P.load_patchset(folder)
+        B.load_patchset(folder)
 
 
 def test_unlisted_and_missing_files_are_refused(tmp_path):
     folder = _write(tmp_path / "a", {"sglang/x.py": b"1"})
     (folder / "files/sglang/stray.py").write_text("")
     with pytest.raises(ConfigError, match="stray.py is not"):
-        P.load_patchset(folder)
+        B.load_patchset(folder)
     folder = _write(tmp_path / "b", {"sglang/x.py": b"1"},
                     entries=[{"path": "sglang/gone.py", "action": "add", "sha256": "a" * 64}])
     with pytest.raises(ConfigError, match="files/sglang/gone.py to exist"):
-        P.load_patchset(folder)
+        B.load_patchset(folder)
 
 
 def test_replace_needs_a_base_hash_and_add_has_none(tmp_path):
@@ -147,30 +148,30 @@ def test_replace_needs_a_base_hash_and_add_has_none(tmp_path):
     folder = _write(tmp_path / "a", {"sglang/x.py": b"1"},
                     entries=[{"path": "sglang/x.py", "action": "replace", "sha256": sha}])
     with pytest.raises(ConfigError, match=r"files\[0\] \(sglang/x.py\).base_sha256"):
-        P.load_patchset(folder)
+        B.load_patchset(folder)
     folder = _write(tmp_path / "b", {"sglang/x.py": b"1"},
                     entries=[{"path": "sglang/x.py", "action": "add", "sha256": sha, "base_sha256": sha}])
     with pytest.raises(ConfigError, match="no base_sha256 on an added file"):
-        P.load_patchset(folder)
+        B.load_patchset(folder)
 
 
 def test_extra_top_level_admits_a_plugin_and_its_dist_info(tmp_path):
     files = {"ddtree_plugin/__init__.py": b"", "ddtree_plugin-1.0.dist-info/METADATA": b"Name: x\n"}
     folder = _write(tmp_path / "a", files, extra=["ddtree_plugin", "ddtree_plugin-1.0.dist-info"])
-    assert P.load_patchset(folder).extra_top_level == ("ddtree_plugin", "ddtree_plugin-1.0.dist-info")
+    assert B.load_patchset(folder).extra_top_level == ("ddtree_plugin", "ddtree_plugin-1.0.dist-info")
     folder = _write(tmp_path / "b", {"sglang/x.py": b""}, extra=["../evil"])
     with pytest.raises(ConfigError, match=r"extra_top_level\[0\]"):
-        P.load_patchset(folder)
+        B.load_patchset(folder)
 
 
 def test_verify_catches_a_tampered_file(tmp_path):
-    src = P.load_patchset(PATCHSETS / "sglang-0.5.13.post1").root
+    src = B.load_patchset(PATCHSETS / "sglang-0.5.13.post1").root
     folder = tmp_path / "ps"
     shutil.copytree(src, folder)
     target = folder / "files/sglang/srt/speculative/spec_info.py"
     target.write_text(target.read_text() + "# tampered\n")
     with pytest.raises(ConfigError, match=r"spec_info.py\)\.sha256"):
-        P.verify_patchset(P.load_patchset(folder))
+        P.verify_patchset(B.load_patchset(folder))
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def test_build_uses_the_real_record(tmp_path):
     (src / "sglang/srt/speculative/new.py").write_text("x = 1\n")
     (src / "sglang/srt/speculative/__pycache__").mkdir()
     (src / "sglang/srt/speculative/__pycache__/new.cpython-311.pyc").write_bytes(b"junk")
-    ps = P.build_patchset("sglang==0.5.13.post1", src, tmp_path / "out", P.WHEEL_CACHE)
+    ps = B.build_patchset("sglang==0.5.13.post1", src, tmp_path / "out", P.WHEEL_CACHE)
     by_path = {f.path: f for f in ps.files}
     assert set(by_path) == {"sglang/srt/speculative/spec_info.py", "sglang/srt/speculative/new.py"}
     replaced = by_path["sglang/srt/speculative/spec_info.py"]
@@ -197,14 +198,14 @@ def test_build_uses_the_real_record(tmp_path):
     P.verify_patchset(ps)
     (src / "sglang/srt/speculative/spec_info.py").write_bytes(base)
     with pytest.raises(ConfigError, match="identical"):
-        P.build_patchset("sglang==0.5.13.post1", src, tmp_path / "out2", P.WHEEL_CACHE)
+        B.build_patchset("sglang==0.5.13.post1", src, tmp_path / "out2", P.WHEEL_CACHE)
 
 
 def test_build_needs_the_wheel(tmp_path):
     (tmp_path / "src/sglang").mkdir(parents=True)
     (tmp_path / "src/sglang/x.py").write_text("")
     with pytest.raises(UserError, match="no wheel for sglang==9.9"):
-        P.build_patchset("sglang==9.9", tmp_path / "src", tmp_path / "out", tmp_path)
+        B.build_patchset("sglang==9.9", tmp_path / "src", tmp_path / "out", tmp_path)
     with pytest.raises(UserError, match="PACKAGE==VERSION"):
         P.parse_base("sglang")
 
@@ -228,7 +229,7 @@ def test_cli_show_verify_and_refusal(tmp_path):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_shipped_python_file_compiles(version):
-    ps = P.load_patchset(PATCHSETS / f"sglang-{version}")
+    ps = B.load_patchset(PATCHSETS / f"sglang-{version}")
     for entry in ps.files:
         if entry.path.endswith(".py"):
             compile(ps.source(entry).read_text(), str(ps.source(entry)), "exec")
@@ -241,8 +242,8 @@ def test_hosts_that_start_together_share_one_load_of_the_patch_set(tmp_path, mon
     import threading
     import time
 
-    from fleetspec.model import patchset as patchset_mod
-    from fleetspec.ops.preflight_checks import load_patchset_once
+    from fleetspec.build import patchset as patchset_mod
+    from fleetspec.ops.selection import load_patchset_once
 
     folder = _write(tmp_path, {"sglang/x.py": b"x = 1\n"})
     real, loads = patchset_mod.load_patchset, []
@@ -268,9 +269,9 @@ def test_hosts_that_start_together_share_one_load_of_the_patch_set(tmp_path, mon
 
 
 def test_a_deploy_loads_each_patch_set_once_until_a_file_changes(tmp_path):
-    """preflight_checks.load_patchset_once: one load for N hosts, a fresh one after an edit, and
+    """selection.load_patchset_once: one load for N hosts, a fresh one after an edit, and
     a broken folder refused for every host (failures are not kept)."""
-    from fleetspec.ops.preflight_checks import load_patchset_once
+    from fleetspec.ops.selection import load_patchset_once
 
     folder = _write(tmp_path, {"sglang/x.py": b"x = 1\n"})
     first = load_patchset_once(folder)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetspec.build.patchset import load_patchset
 from fleetspec.errors import UserError
-from fleetspec.model.patchset import check_base, load_patchset
-from fleetspec.ops import smoke
+from fleetspec.model.patchset import check_base
+from fleetspec.remote import smoke_host as smoke
 from fleetspec.remote.overlay import overlay_script
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

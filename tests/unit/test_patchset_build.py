@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fleetspec.build import patchset as B
 from fleetspec.cli import main
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model import patchset as P
-from fleetspec.model import patchset_build as B
 from fleetspec.model import unidiff
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_load_patchset_builds_a_patches_folder_transparently(setup, monkeypatch)
     folder, wheels, cache = setup
     monkeypatch.setattr(P, "WHEEL_CACHE", wheels)
     monkeypatch.setattr(B, "PATCHSET_CACHE", cache)
-    ps = P.load_patchset(folder)
+    ps = B.load_patchset(folder)
     assert ps.root.name == "sglang-9.9.9" and ps.root.parent.parent == cache and ps.version == "9.9.9"
 
 

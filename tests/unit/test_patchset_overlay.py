@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetspec.model.patchset import load_patchset
+from fleetspec.build.patchset import load_patchset
 from fleetspec.remote.overlay import overlay_script
 
 

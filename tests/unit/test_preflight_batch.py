@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fleetspec.model.inventory import load_inventory
-from fleetspec.ops import preflight
-from fleetspec.remote import facts
+from fleetspec.ops import preflight, selection
+from fleetspec.remote import facts, ledger_files
 from fleetspec.remote.facts import file_text, missing_paths
 from fleetspec.remote.transport import Transport
 
@@ -67,7 +67,7 @@ def test_the_deploys_prune_is_one_command(t, tmp_path, seen):
     state = HostState(t, "h", "sglang-test.service", root=root)
     old = planning.to_prune(state, (base / "ledger.jsonl").read_text(), ids[0], keep=1)
     script, lines = planning.prune_script(state, old)
-    assert planning.pruned_by(t.run_script(script).stdout, lines) == [ids[1]]
+    assert ledger_files.pruned_by(t.run_script(script).stdout, lines) == [ids[1]]
     assert len(seen) == 1, seen
     assert [(base / "releases" / r).is_dir() for r in ids] == [True, False, True]
     assert state.ledger().releases()[ids[1]] == L.PRUNED
@@ -104,8 +104,8 @@ def test_the_patch_sets_installed_sha256s_ride_in_the_batch(t, seen):
     repo = Path(__file__).resolve().parents[2]
     versions = ("0.5.13.post1", "0.5.23")
     playbook = SimpleNamespace(patchsets={v: repo / f"playbooks/ddtree/patches/sglang-{v}" for v in versions})
-    loaded = preflight.preload_patchsets(playbook)
-    paths = preflight.candidate_paths(loaded)
+    loaded = selection.preload_patchsets(playbook)
+    paths = selection.candidate_paths(loaded)
     assert set(paths) == {f.path for v in versions for f in loaded[v].files}
     sg = facts.gather_many(t, [(sglang_fact, {"python": str(local_env("0.5.23")), "hash_paths": paths})],
                            errors="raise")[0]
@@ -114,14 +114,14 @@ def test_the_patch_sets_installed_sha256s_ride_in_the_batch(t, seen):
         f = Path(sg.site_packages) / path
         assert digest == (hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None)
     seen.clear()
-    assert preflight.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"]
+    assert selection.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"]
     assert seen == []                                   # no command of its own
     added = next(f for f in loaded["0.5.23"].files if f.action == "add")   # a plugin: it adds files
     sg.hashes[added.path] = "0" * 64                    # an unknown file where it would go
     with pytest.raises(UserError, match=f"h: {added.path} exists on the host but not in sglang==0.5.23"):
-        preflight.select_patchset(t, playbook, sg, "h", loaded)
+        selection.select_patchset(t, playbook, sg, "h", loaded)
     sg.hashes = None                                    # not asked: read as before, one command
-    assert preflight.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"] and len(seen) == 1
+    assert selection.select_patchset(t, playbook, sg, "h", loaded) is loaded["0.5.23"] and len(seen) == 1
 
 
 def test_a_deploys_prune_rides_with_its_last_lines_and_the_locks_release(t, tmp_path, seen):

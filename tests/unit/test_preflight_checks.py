@@ -8,7 +8,7 @@ import pytest
 
 from fleetspec.errors import UserError
 from fleetspec.model.inventory import Host, HostVars
-from fleetspec.ops.preflight import check_gpus
+from fleetspec.ops.preflight_checks import check_gpus
 from fleetspec.remote.facts import gpu
 
 CSV = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "query-gpu.csv"

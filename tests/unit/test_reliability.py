@@ -18,10 +18,10 @@ import pytest
 
 from fleetspec.model import ledger as L
 from fleetspec.model.release import Release
-from fleetspec.ops.switching import in_place_apply, in_place_undo
 from fleetspec.remote import files
 from fleetspec.remote.facts import release_state
 from fleetspec.remote.lock import Holder
+from fleetspec.remote.release_files import in_place_apply, in_place_undo
 
 
 def sha(b: bytes) -> str:
@@ -164,7 +164,7 @@ def test_systemctl_show_with_a_newline_in_an_argv_word_parses():
 
 # Secrets: an EnvironmentFile only root reads; values redacted everywhere --------------------------
 def test_env_file_escapes_what_systemd_unescapes():
-    from fleetspec.ops.switching import env_file_text
+    from fleetspec.ops.staging import env_file_text
 
     text = env_file_text({"TOKEN": 'a "b" $HOME `x` \\ end', "PLAIN": "v"})
     assert text == 'TOKEN="a \\"b\\" \\$HOME \\`x\\` \\\\ end"\nPLAIN="v"\n'
@@ -174,7 +174,7 @@ def test_redact_covers_api_key_and_secret_env_in_plain_and_json_forms(monkeypatc
     from types import SimpleNamespace
 
     from fleetspec.model.inventory import SecretRef
-    from fleetspec.ops.preflight import redact
+    from fleetspec.ops.redaction import redact
 
     monkeypatch.setenv("T_API", "sk-123")
     monkeypatch.setenv("T_TOK", 'tok "q"')
@@ -204,7 +204,7 @@ def test_inventory_refuses_a_service_that_is_not_a_unit_name(tmp_path, service):
 
 
 def _patchset(tmp_path, content=b"X = 1\n", listed=b"X = 1\n"):
-    from fleetspec.model.patchset import load_patchset
+    from fleetspec.build.patchset import load_patchset
 
     root = tmp_path / "ps"
     (root / "files/sglang").mkdir(parents=True)
@@ -216,7 +216,7 @@ def _patchset(tmp_path, content=b"X = 1\n", listed=b"X = 1\n"):
 
 def test_a_patch_set_file_changed_since_its_build_is_refused(tmp_path):
     from fleetspec.errors import ConfigError
-    from fleetspec.ops.preflight import check_contents
+    from fleetspec.ops.preflight_checks import check_contents
 
     check_contents(_patchset(tmp_path))
     with pytest.raises(ConfigError, match="changed since the patch set was built"):
@@ -225,7 +225,7 @@ def test_a_patch_set_file_changed_since_its_build_is_refused(tmp_path):
 
 def test_a_huge_patch_set_file_is_refused_without_reading_it(tmp_path):
     from fleetspec.errors import ConfigError
-    from fleetspec.ops.preflight import check_contents
+    from fleetspec.ops.preflight_checks import check_contents
 
     ps = _patchset(tmp_path)
     with open(ps.source(ps.files[0]), "r+b") as fh:

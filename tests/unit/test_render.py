@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetspec.remote.facts.unitfile import exec_start_of, expand_dollars, parse_exec
 from fleetspec.render import environment, environment_line, exec_line, render_string, systemd_quote
+from fleetspec.systemd_unit import exec_start_of, expand_dollars, parse_exec
 
 # Any text but NUL and surrogates (which cannot be written as UTF-8).
 words = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)

@@ -41,12 +41,12 @@ from fleetspec.model.baseline import Baseline
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.release import Release
-from fleetspec.ops import switching
+from fleetspec.ops import activation, rendering, smoke_run
 from fleetspec.ops.hoststate import HostState, append_private, write_private
-from fleetspec.ops.smoke import _EMIT
 from fleetspec.remote import files, stage_host
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import torch as torch_fact
+from fleetspec.remote.smoke_host import _EMIT
 from fleetspec.remote.transport import Transport
 from tests import conftest
 
@@ -98,7 +98,7 @@ def test_the_smoke_runner_imports_nothing_from_its_start_folder_or_tmp(t, plante
     state = HostState(t, "h", SERVICE, root=planted.root)
     release = Release(id="r1", host="h", service=SERVICE, algo="ddtree", mode="release", sglang_version="x",
                       argv=["/bin/true"], previous="baseline")
-    out = switching.smoke(t, pf, state, release)["smoke"]["probe"]
+    out = smoke_run.smoke(t, pf, state, release)["smoke"]["probe"]
     assert not planted.marker.exists(), planted.marker.read_text()
     assert out["cwd"] == str(planted.rundir) and not out["json"].startswith(str(planted.rundir))
     assert mode(planted.rundir) == 0o700
@@ -145,7 +145,6 @@ def test_a_planted_lint_folder_cannot_redirect_the_drop_in(t, tmp_path, monkeypa
     its name is known), its `<svc>.d` a symlink to a folder of ours; nothing may be written there."""
     service = f"fs-lint-{secrets.token_hex(4)}.service"
     now = 1_800_000_000.123
-    from fleetspec.ops import rendering
 
     monkeypatch.setattr(rendering, "time", SimpleNamespace(time=lambda: now, strftime=time.strftime,
                                                             gmtime=time.gmtime))
@@ -158,7 +157,7 @@ def test_a_planted_lint_folder_cannot_redirect_the_drop_in(t, tmp_path, monkeypa
         root = tmp_path / "state"
         pf = SimpleNamespace(service=service, unit_bytes=b"[Service]\nExecStart=/bin/true\n",
                              layout=HostLayout(service, root))
-        assert switching.lint_unit(t, pf, "[Service]\nEnvironment=A=1\n") == "ok"
+        assert rendering.lint_unit(t, pf, "[Service]\nEnvironment=A=1\n") == "ok"
         assert list(target.iterdir()) == [] and list(planted.iterdir()) == [planted / f"{service}.d"]
         assert mode(root / "run") == 0o700 and list((root / "run").iterdir()) == []   # scratch removed
     finally:
@@ -221,7 +220,7 @@ def test_rollback_restores_each_file_with_the_mode_it_had(t, tmp_path, live):
     baseline = state.read_baseline()
     live.dropin.write_bytes(b"[Service]\nEnvironment=HF_TOKEN=changed\n")
     live.unit.unlink()
-    switching.restore_baseline_files(t, baseline)
+    activation.restore_baseline_files(t, baseline)
     assert live.dropin.read_bytes().endswith(b"hf_secret\n") and mode(live.dropin) == 0o600
     assert mode(live.unit) == 0o644
 
@@ -359,7 +358,7 @@ def test_rollback_sh_fsyncs_the_drop_in_and_the_current_flip(tmp_path):
     """rollback.sh (previous state: a release) run for real, with a systemctl that only records."""
     import hashlib
 
-    from fleetspec.ops.switching import _env
+    from fleetspec.ops.rendering import _env
 
     state, etc, bin_ = tmp_path / "state", tmp_path / "etc", tmp_path / "bin"
     for d in (state / "releases" / "r0" / "unit", etc / f"{SERVICE}.d", bin_):

@@ -22,15 +22,16 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from fleetspec.build.patchset import load_patchset
 from fleetspec.errors import ConfigError, RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.names import is_name, is_service
-from fleetspec.model.patchset import load_patchset
 from fleetspec.model.playbook import load_playbook, load_playbook_for
 from fleetspec.model.release import Release
-from fleetspec.ops import planning, switching
+from fleetspec.ops import planning, rendering
 from fleetspec.ops.hoststate import HostState
+from fleetspec.remote import ledger_files
 from fleetspec.remote.transport import Transport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_prune_never_follows_a_release_id_out_of_releases(t, tmp_path):
     old = planning.to_prune(state, ledger, ids[2], keep=1)              # a deploy's prune: no read
     assert old == [ids[0]]
     script, lines = planning.prune_script(state, old)
-    assert planning.pruned_by(t.run_script(script).stdout, lines) == [ids[0]]
+    assert ledger_files.pruned_by(t.run_script(script).stdout, lines) == [ids[0]]
     assert (victim / "keep").read_text() == "x" and (base / "releases" / ids[2]).is_dir()
 
 
@@ -234,7 +235,7 @@ def test_rollback_sh_runs_nothing_from_names_labels_or_reason(tmp_path_factory, 
     unit.write_bytes(b"[Service]\nExecStart=/bin/true\n")
     release = Release(id=rid, host="h", service=service, algo="ddtree", mode="release", sglang_version="x",
                       argv=["/bin/true"], previous=previous)
-    text = switching._env(ROOT).get_template("rollback.sh.j2").render(
+    text = rendering._env(ROOT).get_template("rollback.sh.j2").render(
         service=service, release=release, previous_label=previous, state_dir=str(state),
         dropin_path=str(etc / "zz-fleetspec.conf"), previous_dropin=[], previous_dropin_sha256="",
         legacy_dropin_paths=[str(etc / "50-fleetspec.conf")],

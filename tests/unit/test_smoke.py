@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetspec.ops import smoke
+from fleetspec.remote import smoke_host as smoke
 
 pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_ddtree_sample_fails_a_biased_sampling_walk(tree, tmp_path):
 
 
 def test_kernel_smoke_loads_the_build_and_compares(tree):
-    from fleetspec.model.kernel import build_kernel
+    from fleetspec.build.kernel import build_kernel
 
     kernel, _ = build_kernel(REPO / "playbooks/ddtree/kernels/tree_mask")
     rc, result = _run(smoke.kernel_script(str(kernel.path)), tree)

@@ -19,7 +19,7 @@ from fleetspec.model.release import new_release_id
 from fleetspec.ops import smoke_run
 from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
 from fleetspec.ops.hoststate import HostState
-from fleetspec.ops.preflight_checks import abandon_unswitched
+from fleetspec.ops.staging import abandon_unswitched
 from fleetspec.remote import background, files
 from fleetspec.remote.transport import Transport
 

@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from fleetspec.ops.smoke import _EMIT, parse_result
-from fleetspec.ops.switching import _SMOKE_RUNNER
+from fleetspec.remote.smoke_host import _EMIT, parse_result
+from fleetspec.remote.smoke_host import RUNNER as _SMOKE_RUNNER
 
 
 def run(scripts):

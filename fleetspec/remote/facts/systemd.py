@@ -3,7 +3,7 @@
 systemctl prints each Exec* command as `{ path=… ; argv[]=… ; ignore_errors=no ; start_time=[…] ;
 stop_time=[…] ; pid=N ; code=… ; status=… }` with argv[] joined by plain spaces (systemctl-show.c:
 `strv_join(info.argv, " ")`, no quoting), so `argv` here is exact only when no word holds a space;
-facts.unitfile reads the unit files for the exact words. String-list properties (DropInPaths,
+fleetspec.systemd_unit reads the unit files for the exact words. String-list properties (DropInPaths,
 Environment) are printed word by word, quoted as a shell would where needed (shell_maybe_quote).
 """
 

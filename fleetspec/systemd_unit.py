@@ -1,17 +1,23 @@
-"""Reading unit files as systemd 252 does (pure): sections, continuation lines, ExecStart= words.
+"""systemd's unit-file syntax (pure), both ways: reading unit files as systemd 252 does, and
+quoting argv words and assignments so that systemd reads back exactly what was meant.
 
-`systemctl show` joins argv[] with plain spaces (systemctl-show.c: `strv_join(info.argv, " ")`),
-so an argument holding a space cannot be told apart there; the unit file and its drop-ins are the
-exact source. This module follows load-fragment.c's config_parse_exec: words are split with
+Reading: `systemctl show` joins argv[] with plain spaces (systemctl-show.c: `strv_join(info.argv,
+" ")`), so an argument holding a space cannot be told apart there; the unit file and its drop-ins
+are the exact source. This follows load-fragment.c's config_parse_exec: words are split with
 extract_first_word(UNQUOTE|CUNESCAPE), a lone unquoted `;` separates commands (`\\;` is a literal
 `;`), leading `-@:+!` on the first word are flags, and `%%` is resolved per word; `$$` is left for
 the exec step (expand_dollars), exactly as systemd stores it.
+
+Writing: one argv word becomes `%` -> `%%`, `$` -> `$$`, and when it holds whitespace, quotes,
+backslashes, control characters or `;`, the whole word in double quotes with C escapes inside;
+tests prove the round trip.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from fleetspec.errors import RemoteError
 
@@ -313,3 +319,99 @@ def environment_of(unit_texts: list[str], specifiers: dict[str, str] | None = No
                 if sep and _ENV_NAME.match(name):
                     env[name] = val
     return {k: v for k, v in env.items() if k not in unset}
+
+
+_CONTROL_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
+
+
+_NEEDS_QUOTES = set(" \t\n\r\v\f\"'\\;")
+
+
+EXEC_PREFIXES = "-@:+!"
+
+
+def _is_control(ch: str) -> bool:
+    return ord(ch) < 0x20 or ord(ch) == 0x7F
+
+
+def _escape_specials(word: str) -> str:
+    return word.replace("%", "%%").replace("$", "$$")
+
+
+def _needs_quotes(text: str) -> bool:
+    return not text or any(ch in _NEEDS_QUOTES or _is_control(ch) for ch in text)
+
+
+def _c_quoted(text: str) -> str:
+    """Double-quoted with C escapes, as systemd's extract_first_word(UNQUOTE|CUNESCAPE) reads it."""
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch in _CONTROL_ESCAPES:
+            out.append(_CONTROL_ESCAPES[ch])
+        elif _is_control(ch):
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart= word that systemd turns back into exactly `arg` when the command runs."""
+    if "\x00" in arg:
+        raise ValueError("a NUL byte cannot be passed in argv")
+    escaped = _escape_specials(arg)
+    return _c_quoted(escaped) if _needs_quotes(arg) else escaped
+
+
+def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) -> str:
+    """The value of an ExecStart= line for this argv, with the unit's prefix characters kept.
+
+    With `@` the executable `path` is written first and argv[0] after it (a separate word); with
+    `:` systemd expands no `$`, so `$` is written as is (only `%` is doubled).
+    """
+    argv = list(argv)
+    if not argv:
+        raise ValueError("empty argv")
+    if set(prefix) - set(EXEC_PREFIXES) or "!!!" in prefix:
+        raise ValueError(f"ExecStart prefix {prefix!r} is not made of {EXEC_PREFIXES}")
+    words = ([path] if "@" in prefix else []) + argv
+    if "@" in prefix and not path:
+        raise ValueError("an @ prefix needs the executable path")
+    exe = words[0]
+    if exe[:1] in EXEC_PREFIXES or not exe:
+        raise ValueError(f"executable {exe!r} must not be empty or start with one of {EXEC_PREFIXES}")
+    quote = systemd_quote_noenv if ":" in prefix else systemd_quote
+    return prefix + " ".join(quote(a) for a in words)
+
+
+def systemd_quote_noenv(arg: str) -> str:
+    """An ExecStart= word under the `:` prefix (no `$` expansion): `%` doubled, `$` kept."""
+    if "\x00" in arg:
+        raise ValueError("a NUL byte cannot be passed in argv")
+    escaped = arg.replace("%", "%%")
+    return _c_quoted(escaped) if _needs_quotes(arg) else escaped
+
+
+def environment_line(name: str, value: str) -> str:
+    """`Environment=` line for one variable (the assignment quoted as one word)."""
+    if not name or not (name[0].isalpha() or name[0] == "_") or not all(c.isalnum() or c == "_" for c in name):
+        raise ValueError(f"invalid environment variable name {name!r}")
+    return "Environment=" + _quote_assignment(f"{name}={value}")
+
+
+def _quote_assignment(text: str) -> str:
+    # Environment= resolves specifiers but never expands `$`, so only `%` is doubled here.
+    if "\x00" in text:
+        raise ValueError("a NUL byte cannot be in the environment")
+    text = text.replace("%", "%%")
+    return _c_quoted(text) if _needs_quotes(text) else text
+
+
+def oneline(value: object) -> str:
+    """Text for a comment line: control characters (a newline would end the comment and start a
+    directive or a command) become '?'."""
+    return "".join("?" if _is_control(ch) else ch for ch in str(value))

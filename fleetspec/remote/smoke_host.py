@@ -3,12 +3,17 @@
 Each builder returns Python source (run as `python -c SRC`, no files needed on the host) that prints
 one JSON object as its last line and exits 0 only when the check passed; `parse_result` reads it.
 The scripts import only what the host has: sglang (from the overlay), torch, the stdlib.
+RUNNER runs them all in one python process (foreground: run_smoke_scripts; background: ops/smoke_run.py).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+from fleetspec.errors import FleetspecError
+from fleetspec.remote import files
+from fleetspec.remote.api import TransportLike
 
 _EMIT = '''
 def _emit(ok, **data):
@@ -226,3 +231,54 @@ bad = [k for k, v in checks.items() if not v]
 _emit(not bad, checks=checks, kernel=status, fallback=False, torch=torch.__version__,
       error="kernel differs from the payload's torch code: " + ", ".join(bad) if bad else "")
 '''
+
+
+SMOKE_TIMEOUT_S = 600     # the runner's own limit: a controller that dies never leaves it running
+
+
+# One python process runs every smoke script in turn (each in a fresh namespace), so sglang is
+# imported once per deploy instead of once per test; each script's output and exit code are kept
+# apart and read by that script's own parser.
+RUNNER = """
+import contextlib, io, json, sys, traceback
+results = {}
+for name, src in json.loads(sys.stdin.read()):
+    out, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(compile(src, "<smoke " + name + ">", "exec"), {"__name__": "__fleetspec_smoke__"})
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException as exc:
+            code = 1
+            print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
+                              "traceback": traceback.format_exc(limit=4)}))
+    results[name] = [code, out.getvalue()]
+    if code != 0:
+        break
+sys.stdout.write("\\nFLEETSPEC-SMOKE " + json.dumps(results) + "\\n")
+"""
+
+
+def runner_input(scripts: list[tuple[str, str]]) -> bytes:
+    return json.dumps([[name, script] for name, script in scripts]).encode()
+
+
+def runner_results(python: str, rc: int | None, stdout: str, stderr: str) -> dict:
+    """The runner's {name: [exit code, output]} from its marker line, or why it did not run."""
+    marker = [line for line in stdout.splitlines() if line.startswith("FLEETSPEC-SMOKE ")]
+    if not marker:
+        tail = (stderr.strip().splitlines() or [f"exit {rc}" if rc is not None else
+                                                f"killed or timed out after {SMOKE_TIMEOUT_S} s"])[-1]
+        raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
+    return json.loads(marker[-1].split(" ", 1)[1])
+
+
+def run_smoke_scripts(t: TransportLike, python: str, scripts: list[tuple[str, str]], pythonpath: str | None, rundir: str):
+    """One runner process for all scripts, started in the root-only `rundir` with PYTHONSAFEPATH
+    (files.python_c): never from /tmp, where anyone's json.py or torch.py would run as root.
+    Returns (the command's result, {name: [exit code, output]})."""
+    env = {"PYTHONPATH": pythonpath} if pythonpath else {}
+    r = files.run_python(t, python, RUNNER, env=env, rundir=rundir, timeout_s=SMOKE_TIMEOUT_S,
+                         timeout=SMOKE_TIMEOUT_S + 60, stdin=runner_input(scripts))
+    return r, runner_results(python, r.rc, r.stdout, r.stderr)

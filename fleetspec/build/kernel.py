@@ -1,6 +1,6 @@
 """Building kernels: with this machine's torch (`build_kernel`), for CUDA hosts on a machine
 without CUDA against an unpacked CUDA torch (`build_kernel_offline`), and the one way any build,
-wherever it was compiled (ops.kernel_remote builds on a fleet host), enters the cache
+wherever it was compiled (build.kernel_on_host builds on a fleet host), enters the cache
 (`record_build`), keyed by source hash and ABI (fleetspec.model.kernel.cache_key)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from fleetspec.build import compile_flags as flags
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.kernel import KERNEL_CACHE, KERNEL_JSON, Abi, Kernel, KernelSpec, cache_key, load_kernel, load_spec
 
@@ -61,7 +62,7 @@ def local_abi(cuda_build: bool, arch: str | None = None) -> Abi:
     if cuda_build:
         listed = arch or os.environ.get("TORCH_CUDA_ARCH_LIST")
         if listed:
-            arch_list = tuple(a for a in listed.replace(";", " ").split() if a)
+            arch_list = tuple(flags.arch_list(listed))
         else:
             major, minor = torch.cuda.get_device_capability()
             arch_list = (f"{major}.{minor}",)
@@ -182,8 +183,8 @@ def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: 
     if not (torch_root / "torch/include").is_dir():
         raise UserError(f"--torch-root {torch_root}: no torch/include (an unpacked CUDA build of torch)")
     version, cuda, python_tag = _wheel_torch(torch_root)
-    arch_list = tuple(a for a in arch.replace(";", " ").replace(",", " ").split() if a)
-    if not arch_list or not all(a.removesuffix("+PTX").replace(".", "").isdigit() for a in arch_list):
+    arch_list = tuple(flags.arch_list(arch))
+    if not arch_list or flags.bad_arch(list(arch_list)):
         raise UserError(f"--arch {arch!r}: expected compute capabilities such as '9.0' or '8.0;9.0'")
     abi = Abi(python_tag=python_tag or "cp%d%d" % __import__("sys").version_info[:2], torch=version, cuda=cuda,
               cxx11_abi=_uses_cxx11_abi(torch_root),
@@ -198,41 +199,29 @@ def build_kernel_offline(source: Path | str, torch_root: Path | str, cuda_home: 
 
 
 def _nvcc_build(spec: KernelSpec, abi: Abi, torch_root: Path, cuda_home: Path, w: Path, verbose: bool) -> Path:
-    """Compile and link in `w` with nvcc and c++ (cpp_extension's flags); the library's path."""
+    """Compile and link in `w` with nvcc and c++ (compile_flags: cpp_extension's flags); the library's path."""
     import subprocess
 
-    nvcc, cuda = cuda_home / "bin/nvcc", abi.cuda
     ext = torch_root / "torch/utils/cpp_extension.py"
-    std = "-std=c++20" if ext.is_file() and "-std=c++20" in ext.read_text() else "-std=c++17"
     inc = torch_root / "torch/include"
-    includes = [f"-I{inc}", f"-I{inc}/torch/csrc/api/include", f"-I{cuda_home}/include"]
-    abi_flag = f"-D_GLIBCXX_USE_CXX11_ABI={int(abi.cxx11_abi)}"
-    gencode = []
-    for a in abi.arch_list:
-        cc = a.removesuffix("+PTX").replace(".", "")
-        gencode.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
-        if a.endswith("+PTX"):
-            gencode.append(f"-gencode=arch=compute_{cc},code=compute_{cc}")
-    jobs = [[str(nvcc), "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", std, abi_flag, *gencode,
-             "-Xcompiler", "-fPIC", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-             "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr",
-             *includes] for s in spec.cuda_sources]
-    jobs += [["c++", "-c", str(spec.root / s), "-o", str(w / (s + ".o")), "-O3", "-fPIC", std, abi_flag,
-              *includes] for s in spec.sources]
+    data = {"library": spec.library, "sources": list(spec.sources), "cuda_sources": list(spec.cuda_sources)}
+    jobs = flags.compile_jobs(data, str(spec.root), str(w), cxx="c++", nvcc=str(cuda_home / "bin/nvcc"),
+                              std=flags.cxx_std(ext.read_text() if ext.is_file() else ""), cxx11_abi=abi.cxx11_abi,
+                              includes=[str(inc), f"{inc}/torch/csrc/api/include", f"{cuda_home}/include"],
+                              archs=list(abi.arch_list))
     for job in jobs:
         done = subprocess.run(job, capture_output=not verbose, text=True)
         if done.returncode != 0:
             tail = (done.stderr or "").strip().splitlines()[-5:] if not verbose else []
-            raise UserError(f"compiling {Path(job[2]).name} for CUDA {cuda} failed (exit {done.returncode})"
+            raise UserError(f"compiling {Path(job[2]).name} for CUDA {abi.cuda} failed (exit {done.returncode})"
                             + (": " + " | ".join(tail) if tail else ""))
     lib = w / "out" / f"{spec.name}.so"
     lib.parent.mkdir()
     cudart = sorted((cuda_home / "lib").glob("libcudart.so*"))
     if not cudart:
         raise UserError(f"--cuda-home {cuda_home}: no lib/libcudart.so*")
-    link = ["c++", "-shared", "-o", str(lib), *[str(w / (s + ".o")) for s in spec.sources + spec.cuda_sources],
-            f"-L{torch_root}/torch/lib", "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch",
-            f"-L{cuda_home}/lib", f"-l:{cudart[0].name}"]
+    link = flags.link_command(data, str(w), str(lib), cxx="c++", library_dirs=[f"{torch_root}/torch/lib",
+                              f"{cuda_home}/lib"], cuda=True, cudart=f"-l:{cudart[0].name}")
     done = subprocess.run(link, capture_output=not verbose, text=True)
     if done.returncode != 0:
         raise UserError(f"linking kernel {spec.name} failed: {(done.stderr or '').strip().splitlines()[-3:]}")

@@ -23,13 +23,20 @@ from pathlib import Path
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model import patchset, unidiff
 from fleetspec.model.patchset import (
+    FILES,
     MANIFEST,
+    TOP_NAME,
+    WHEEL_CACHE,
+    PatchFile,
     PatchSet,
-    build_patchset,
     find_wheel,
-    load_patchset,
+    parse_base,
+    path_problem,
+    read_patchset,
     read_record,
+    refuse_symlinks,
     sha256_file,
+    skipped,
 )
 
 SERIES = "series"
@@ -57,6 +64,14 @@ class Built:
 
 def is_patches_folder(folder: Path | str) -> bool:
     return (Path(folder) / SERIES).is_file() and not (Path(folder) / MANIFEST).exists()
+
+
+def load_patchset(folder: Path | str) -> PatchSet:
+    """The patch set in `folder`: a patches folder (`series` + diffs, no manifest) is built, or
+    taken from the build cache, first; a built one is read as it is."""
+    if is_patches_folder(folder):
+        return build(folder).patchset
+    return read_patchset(folder)
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
@@ -192,13 +207,13 @@ def build(folder: Path | str, wheels: Path | None = None, cache: Path | None = N
     key = inputs_hash(recipe, wheel)
     out = Path(cache) / key / recipe.root.name
     if (out / MANIFEST).is_file():
-        return Built(load_patchset(out), False, key)
+        return Built(read_patchset(out), False, key)
     try:
         _build_into(recipe, wheel, wheels, out)
     except OSError as err:
         raise UserError(f"cannot write the patch set cache {cache}: {err.strerror or err}; "
                         "set FLEETSPEC_CACHE to a writable folder") from None
-    return Built(load_patchset(out), True, key)
+    return Built(read_patchset(out), True, key)
 
 
 def _build_into(recipe: Recipe, wheel: Path, wheels: Path, out: Path) -> None:
@@ -232,3 +247,60 @@ def patches_folders(root: Path | str, version: str | None = None) -> list[Path]:
     """The patches folders under a fleet root's playbooks, optionally of one version."""
     found = sorted(p.parent for p in Path(root, "playbooks").glob(f"*/patches/*/{SERIES}"))
     return [f for f in found if version is None or f.name.partition("-")[2] == version]
+
+
+def _record_for(package: str, version: str, wheels: Path) -> dict[str, str]:
+    wheel = find_wheel(package, version, wheels)
+    if wheel is None:
+        raise UserError(f"no wheel for {package}=={version} in {wheels}; "
+                        f"run: pip download --no-deps {package}=={version} -d {wheels}")
+    return read_record(wheel)
+
+
+def build_patchset(base: str, source: Path | str, out: Path | str, wheels: Path = WHEEL_CACHE) -> PatchSet:
+    """Write a patch set for `base` from a folder of changed files laid out as in site-packages.
+
+    A file that the base wheel's RECORD lists is `replace` (with its base hash), any other is `add`.
+    Top-level names other than the package become `extra_top_level`. `out` may be the folder that
+    `source` lives in: the new patch set is assembled aside and swapped in at the end.
+    """
+    package, version = parse_base(base)
+    source, out = Path(source), Path(out)
+    if not source.is_dir():
+        raise UserError(f"--from {source}: not a folder")
+    refuse_symlinks(source)
+    record = _record_for(package, version, wheels)
+    rels = sorted(p.relative_to(source).as_posix() for p in source.rglob("*")
+                  if p.is_file() and not skipped(p.relative_to(source).as_posix()))
+    if not rels:
+        raise UserError(f"--from {source}: no files")
+    tops = sorted({r.split("/")[0] for r in rels} - {package})
+    entries = []
+    for rel in rels:
+        problem = path_problem(rel, package, tops)
+        if problem or not TOP_NAME.fullmatch(rel.split("/")[0]):
+            raise ConfigError(source / rel, None, problem or "a top-level package or *.dist-info name")
+        sha = sha256_file(source / rel)
+        if rel in record:
+            if record[rel] == sha:
+                raise ConfigError(source / rel, None,
+                                  f"a change to {package}=={version}'s file (it is identical; drop it)")
+            entries.append(PatchFile(rel, "replace", sha, record[rel]))
+        else:
+            entries.append(PatchFile(rel, "add", sha))
+    ps = PatchSet(out, package, version, tuple(entries), tuple(tops))
+    staging = out.with_name(out.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / FILES).mkdir(parents=True)
+    for entry in entries:
+        dest = staging / FILES / entry.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / entry.path, dest)
+    (staging / MANIFEST).write_text(json.dumps(ps.to_json(), indent=2) + "\n")
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return read_patchset(out)
