@@ -107,14 +107,19 @@ class Figures:
 
 
 def figures(before: str, after: str) -> Figures:
+    """A counter that went down means the engine restarted between the scrapes: then every
+    figure is the second scrape's own (all counters restarted from zero together)."""
     a, b = parse(before), parse(after)
+    hb, ha = histogram(b, E2E), histogram(a, E2E)
+    names = (REQUESTS, ABORTED)
+    reset = any((total(b, n) or 0.0) < (total(a, n) or 0.0) for n in names) or any(
+        hb.get(k, 0.0) < v for k, v in ha.items())
 
     def delta(name: str) -> float:
-        end, start = total(b, name) or 0.0, total(a, name) or 0.0
-        return end - start if end >= start else end      # a restart reset the counter
+        end = total(b, name) or 0.0
+        return end if reset else end - (total(a, name) or 0.0)
 
-    hb, ha = histogram(b, E2E), histogram(a, E2E)
-    if sum(ha.values()) and all(hb.get(k, 0.0) >= v for k, v in ha.items()):
+    if not reset:
         hb = {k: v - ha.get(k, 0.0) for k, v in hb.items()}
     return Figures(delta(REQUESTS), delta(ABORTED), total(b, ACCEPT), quantile(hb, 0.99))
 
