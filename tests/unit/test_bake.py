@@ -128,7 +128,7 @@ def test_inventory_router_per_fleet_and_worker_urls(tmp_path):
     ('"http://router.example:30080"', "router.example", r"routers\.front\.admin_url: expected an http\(s\) URL"),
     ("min_serving: 1", "min_serving: -1", r"routers\.front\.min_serving: expected 0 or more"),
     ("min_serving: 1", "worker_url: 'http://{host}:1'", r"routers\.front\.worker_url: expected a template"),
-    ("min_serving: 1", "drain: 3", r"routers\.front: unknown key"),
+    ("min_serving: 1", "drain: 3", r"routers\.front\.drain: unknown key"),
 ])
 def test_inventory_bad_router_is_one_line(tmp_path, old, new, message):
     p = tmp_path / "inv.yaml"
