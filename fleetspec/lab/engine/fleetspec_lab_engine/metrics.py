@@ -92,7 +92,7 @@ class Metrics:
             name = "sglang:e2e_request_latency_seconds"
             head(name)
             total = 0
-            for bound, n in zip([*E2E_BUCKETS, float("inf")], self.buckets):
+            for bound, n in zip([*E2E_BUCKETS, float("inf")], self.buckets, strict=True):
                 total += n
                 le = "+Inf" if bound == float("inf") else _num(bound)
                 out.append(f'{name}_bucket{{{lab},le="{le}"}} {_num(total)}')

@@ -109,6 +109,28 @@ class Thin:
                               "spec_verify_ct": len(ids)}}
 
 
+def _text(h: BaseHTTPRequestHandler, text: str) -> None:
+    data = text.encode()
+    h.send_response(200)
+    h.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+    h.send_header("content-length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+
+
+def _generate(h, thin: Thin, body: dict) -> None:
+    if thin.failing():
+        thin.metrics.aborted()
+        h._send(500, {"error": {"message": "injected fault: fail_requests_after", "code": 500}})
+    elif not thin.admit():
+        h._send(503, {"error": {"message": "The server is shutting down", "code": 503}})
+    else:
+        try:
+            h._send(200, thin.generate(body))
+        finally:
+            thin.release()
+
+
 def handler(thin: Thin):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -129,12 +151,7 @@ def handler(thin: Thin):
             if path in ("/health", "/health_generate", "/ready"):
                 self._send(200 if thin.healthy() else 503, {})
             elif path == "/metrics" and thin.enable_metrics:
-                data = thin.metrics.render().encode()
-                self.send_response(200)
-                self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                _text(self, thin.metrics.render())
             elif path == "/get_load":
                 self._send(200, thin.load())
             elif path in ("/server_info", "/get_server_info"):
@@ -148,16 +165,7 @@ def handler(thin: Thin):
             length = int(self.headers.get("content-length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
             if self.path.split("?")[0] == "/generate":
-                if thin.failing():
-                    thin.metrics.aborted()
-                    self._send(500, {"error": {"message": "injected fault: fail_requests_after", "code": 500}})
-                elif not thin.admit():
-                    self._send(503, {"error": {"message": "The server is shutting down", "code": 503}})
-                else:
-                    try:
-                        self._send(200, thin.generate(body))
-                    finally:
-                        thin.release()
+                _generate(self, thin, body)
             else:
                 self._send(404, {"detail": "Not Found"})
 
