@@ -31,7 +31,7 @@ class StopSpec:
 
 
 def _ratio(f: Fields, name: str, default: float | None, low: float, high: float | None) -> float | None:
-    value = f.get(name, float, default)
+    value: float | None = f.get(name, float, default)
     if value is not None and (value < low or (high is not None and value > high)):
         f.fail(name, f"expected a number from {low} to {high}, got {value}" if high is not None
                else f"expected a number >= {low}, got {value}")
