@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from fleetspec.errors import UserError
+from fleetspec.model.bake import BakeSpec, StopSpec, bake_from, stop_from
 from fleetspec.model.names import is_name
 from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
@@ -142,6 +143,8 @@ class Playbook:
     gates: Gates = field(default_factory=Gates)
     guard: Guard | None = None
     keep_releases: int = 3
+    bake: BakeSpec | None = None
+    stop: StopSpec = field(default_factory=StopSpec)
 
     @property
     def playbooks_dir(self) -> Path:
@@ -188,10 +191,12 @@ def load_playbook(path: str | Path) -> Playbook:
     gates = _gates(top.sub("gates"))
     guard = _guard(top)
     keep = _positive(top, "keep_releases", int, 3)
+    bake, stop = bake_from(top), stop_from(top)
     top.done()
     return Playbook(path=path, algo=algo, speculative_algorithm=spec_alg, description=description,
                     options=options, hybrid=hybrid, launch=launch, patchsets=patchsets,
-                    kernels=kernels, kernel_policy=kernel_policy, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep)
+                    kernels=kernels, kernel_policy=kernel_policy, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep,
+                    bake=bake, stop=stop)
 
 
 def _options(f: Fields) -> Mapping[str, Scalar]:
