@@ -60,7 +60,7 @@ class Engine:
         self.etc = tmp / f"etc-{id(self)}"
         self.etc.mkdir()
         (self.etc / "engine.json").write_text(json.dumps(
-            {"load_seconds": 0, "step_seconds": step_seconds, "drain_seconds": 20}))
+            {"load_seconds": 0, "thin_step_seconds": step_seconds, "drain_seconds": 20}))
         if faults:
             (self.etc / "faults.json").write_text(json.dumps(faults))
         self.port = free_port()
@@ -249,7 +249,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(engines):
     a = engines(step_seconds=0.1)
     codes: list[int] = []
     slow = threading.Thread(target=lambda: codes.append(
-        _post(a.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 10}})))
+        _post(a.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 60}})))   # 6 s in flight
     slow.start()
     _wait(lambda: a.in_flight() == 1, 5, "in flight")
     assert a.proc is not None

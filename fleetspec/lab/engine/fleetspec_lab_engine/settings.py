@@ -17,6 +17,7 @@ ENGINE_DEFAULTS = {
     "verify_node_cost": 0.01,  # each verified node beyond the first, in step_seconds
     "draft_token_cost": 0.01,  # each drafted position, in step_seconds (same for every algorithm)
     "drain_seconds": 30.0,    # SIGTERM waits at most this long for in-flight requests
+    "thin_step_seconds": 0.0,  # the thin stand-in's pace per token (0: it answers at once)
     "vocab": 64,
 }
 

@@ -6,8 +6,9 @@ real `sglang` package, its parser, torch nor the decode model is imported, so a 
 catch at start: an unknown flag or a broken patch (the full stand-in's real parser and worker
 dispatch do). The speculative algorithm is read off argv as the real parser would resolve it.
 Start-time faults (crash_at_start, hang_at_start, slow_load) and health_503_after still bite, and
-fail_requests_after (a release that degrades after N requests). /generate takes `step_seconds` per
-token, so requests are in flight for a while; SIGTERM drains them as sglang does (health 503, new
+fail_requests_after (a release that degrades after N requests). /generate takes `thin_step_seconds`
+per token (0 on lab hosts: thin hosts stay as fast as they were; the router's tests set it, so
+requests are in flight for a while); SIGTERM drains them as sglang does (health 503, new
 requests refused, in-flight ones finished, at most `drain_seconds`). /metrics (with
 --enable-metrics) and /get_load are what the router and fleetspec's bake read.
 """
@@ -52,7 +53,7 @@ class Thin:
         self.cond = threading.Condition()
         self.metrics = Metrics(self.model)
         self.enable_metrics = "--enable-metrics" in argv
-        self.step_seconds = float(settings.engine()["step_seconds"])
+        self.step_seconds = float(settings.engine()["thin_step_seconds"])
 
     def healthy(self) -> bool:
         after = settings.faults().get("health_503_after")
