@@ -378,9 +378,9 @@ def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) ->
         raise ValueError("empty argv")
     if set(prefix) - set(EXEC_PREFIXES) or "!!!" in prefix:
         raise ValueError(f"ExecStart prefix {prefix!r} is not made of {EXEC_PREFIXES}")
-    words = ([path] if "@" in prefix else []) + argv
     if "@" in prefix and not path:
         raise ValueError("an @ prefix needs the executable path")
+    words = ([path] if path and "@" in prefix else []) + argv
     exe = words[0]
     if exe[:1] in EXEC_PREFIXES or not exe:
         raise ValueError(f"executable {exe!r} must not be empty or start with one of {EXEC_PREFIXES}")

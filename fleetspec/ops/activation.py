@@ -21,7 +21,7 @@ from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts.systemd import SystemdUnit
 
 
-def activate(t: TransportLike, state: HostState, release: Release, after_files=None) -> SystemdUnit:
+def activate(t: TransportLike, state: HostState, release: Release, after_files=None) -> SystemdUnit | None:
     """Point the service at `release`: files (in-place mode), drop-in renamed into place,
     `current` flipped, reload. `after_files` runs between the two (a test hook's pause point).
     Returns the unit as systemd holds it after the reload, read in the switch's own command."""

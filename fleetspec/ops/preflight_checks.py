@@ -45,10 +45,11 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
                     files_fact: UnitFiles | None = None) -> tuple[bytes, dict[str, bytes], list[str]]:
     """The unit's and the operator's drop-ins' bytes, in systemd's order; from `files_fact` (the
     unit_files fact) where it holds them, else read over SFTP (a path the fact's shell loop split)."""
+    fragment = unit.fragment_path or ""          # read_service refused a unit without one
     have = dict(files_fact.dropins) if files_fact is not None else {}
-    if files_fact is not None and files_fact.fragment_path == unit.fragment_path and files_fact.unit_bytes is not None:
-        have[unit.fragment_path] = files_fact.unit_bytes
-    unit_bytes = have[unit.fragment_path] if unit.fragment_path in have else t.get_bytes(unit.fragment_path)
+    if files_fact is not None and files_fact.fragment_path == fragment and files_fact.unit_bytes is not None:
+        have[fragment] = files_fact.unit_bytes
+    unit_bytes = have[fragment] if fragment in have else t.get_bytes(fragment)
     dropins, texts = {}, []
     for path in unit.dropin_paths:
         if is_ours(path):
@@ -161,18 +162,16 @@ def check_templates(pf: "Preflight") -> None:
     import jinja2
 
     from fleetspec.errors import ConfigError
-    from fleetspec.model.release import BASELINE, Release
     from fleetspec.ops.rendering import dropin_text
+    from fleetspec.ops.staging import new_release
 
-    fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
-                   sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE,
-                   exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
-                   launch=pf.launch.to_dict() if pf.launch else {})
+    fake = new_release(pf, "<new>")
     try:
         dropin_text(pf, fake)
     except jinja2.TemplateError as err:
         where = getattr(err, "filename", None) or str(pf.root / "templates" / "fleetspec-dropin.conf.j2")
-        line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
+        lineno = getattr(err, "lineno", None)
+        line = f" line {lineno}" if lineno else ""
         raise ConfigError(where, None, f"a template that renders ({type(err).__name__}{line}: {err})") from None
 
 

@@ -59,6 +59,9 @@ def dropin_text(pf: Preflight, release: Release) -> str:
 
 def rollback_script(pf: Preflight, state: HostState, release: Release, previous_sha256: str) -> str:
     """`previous_sha256`: the drop-in live before the switch ("" when none: back to the baseline)."""
+    baseline = pf.baseline
+    if baseline is None:
+        raise FleetspecError(f"{pf.host.name}: no baseline recorded before render")
     prev = release.previous
     prev_dir = str(state.layout.release(prev)) if prev != BASELINE else ""
     return _template(pf.root, "rollback.sh.j2").render(
@@ -73,7 +76,7 @@ def rollback_script(pf: Preflight, state: HostState, release: Release, previous_
                        if base and release.mode == "in-place"],
         remove_files=[f"{release.site_packages}/{p}" for p, base in sorted(release.base_files.items())
                       if not base and release.mode == "in-place"],
-        unit_sha256=pf.baseline.unit_sha256, unit_path=pf.baseline.unit_path,
+        unit_sha256=baseline.unit_sha256, unit_path=baseline.unit_path,
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fleetspec.errors import RemoteError
 from fleetspec.remote import facts, files
-from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
+from fleetspec.remote.api import CommandResult, TransportLike
 from fleetspec.remote.exchange import close_quietly, drain
 from fleetspec.remote.facts import systemd as systemd_fact
 
@@ -136,7 +136,7 @@ class UnitStream:
     what arrived without waiting for the host. A prelude (ops/hoststate.py) runs before the loop;
     it is settled by the first line (the loop only starts once it succeeded) or by the end."""
 
-    def __init__(self, t: CarryingTransport, service: str, deadline_s: float, prelude=None, show: str | None = None,
+    def __init__(self, t: TransportLike, service: str, deadline_s: float, prelude=None, show: str | None = None,
                  restart: str | None = None):
         script = watch_script(service, deadline_s, show, restart)
         self.chan = t.open_exec(script, prelude=prelude) if prelude is not None else t.open_exec(script)

@@ -220,7 +220,7 @@ def _preflight(form_, new_argv, launch_dict):
     pf = Preflight(host=SimpleNamespace(name="h"), root=root, playbook=playbook, service="sglang-x.service",
                    python=PY, unit=None, unit_bytes=b"", dropins={}, exec_argv=list(form_.argv),
                    sglang=SimpleNamespace(version="0.5.23"), torch=None, hybrid=False, options=None,
-                   new_argv=new_argv, patchset=None, kernels=[], form=form_)
+                   new_argv=new_argv, patchset=None, kernels=[], form=form_, launch=None)
     release = Release(id="r1", host="h", service=pf.service, algo="ddtree", mode="release", sglang_version="0.5.23",
                       argv=new_argv, previous="baseline", exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
                       launch=launch_dict)

@@ -198,7 +198,7 @@ def test_smoke_parses_exactly_the_entry_points_slice(version):
         pf = Preflight(host=None, root=Path("."), playbook=SimpleNamespace(smoke=SimpleNamespace(
             imports=(), parse_args=True, ddtree_sample=False, kernels=False), kernel_policy="optional"), service="s", python="p", unit=None,
             unit_bytes=b"", dropins={}, exec_argv=list(form.argv), sglang=SimpleNamespace(version=version),
-            torch=None, hybrid=False, options=None, new_argv=derived.argv, patchset=None, kernels=[], form=form)
+            torch=None, hybrid=False, options=None, new_argv=derived.argv, patchset=None, kernels=[], form=form, launch=None)
         (name, script, _), = pf.smoke_scripts(kernels_dir="/k")
         words_parsed = pf.parse_slice()
         assert " ".join(FLAGS) in " ".join(words_parsed) and words_parsed[0].startswith("--")
