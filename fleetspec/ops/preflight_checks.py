@@ -63,7 +63,7 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
 def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
     """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
     (fleetspec's own drop-in is left out by read_unit_files)."""
-    return systemd_unit.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+    return list(systemd_unit.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts).argv)
 
 
 def check_dropin_order(unit, host, service: str) -> None:

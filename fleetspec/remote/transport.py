@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
 from fleetspec.remote.api import Channel, CommandResult, HttpResponse, Prelude, TransportLike
+from fleetspec.remote.become import SUDO_PROBE, become_sudo, sudo_problem
 from fleetspec.remote.exchange import Exchange, close_quietly, short
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
@@ -39,7 +40,6 @@ from fleetspec.remote.transfer import FileTransfer
 __all__ = ["CommandResult", "HostKeyError", "HttpResponse", "Transport", "TransportLike", "TransportPool",
            "add_observer", "add_route_observer", "check_host_key", "fingerprint", "redact", "remove_observer",
            "remove_route_observer"]
-
 
 
 class _Retryable(Exception):
@@ -349,37 +349,6 @@ def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
     except (AttributeError, OSError):      # not Linux: TCP's own timeouts apply
         pass
-
-
-# Root's umask over sshd, so that what sudo writes is moded as what root writes (sudo would
-# otherwise apply the user's umask, e.g. 027, to every folder and file fleetspec makes).
-SUDO_UMASK = "022"
-SUDO_PROBE = "sudo -n -- true"
-_SUDO_FIX = "fleetspec runs `sudo -n` and never types a password"
-
-
-def become_sudo(command: str) -> str:
-    """A shell command run as root through `sudo -n` (fails, never prompts, when a password is needed)."""
-    return f"sudo -n -- sh -c {shlex.quote(f'umask {SUDO_UMASK}; {command}')}"
-
-
-def sudo_problem(rc: int, output: str, user: str) -> str | None:
-    """What `sudo -n true` answered, as the operator's fix; None when it worked."""
-    if rc == 0:
-        return None
-    text = " ".join(output.split())
-    said = f" (sudo said: {text[:160]})" if text else ""
-    if rc == 127 or "not found" in text:
-        return "sudo is not installed on the host; install it or connect as root"
-    if "password is required" in text:
-        # sudo answers the same for a user with no rule at all: it asks before it looks at the rules
-        return (f"sudo asks for a password{said}: the user has no NOPASSWD rule (or no sudo rule at all) and "
-                f"{_SUDO_FIX}; give it a NOPASSWD sudoers rule "
-                f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
-    if "tty" in text:
-        return f"its sudo needs a terminal (requiretty){said}; allow it without one or connect as root"
-    return (f"the user may not use sudo{said}; give it a NOPASSWD sudoers rule "
-            f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
 
 
 class TransportPool:

@@ -60,12 +60,12 @@ def test_systemd_command_is_quoted():
 def test_unit_files_give_exact_argv():
     unit = "[Unit]\nDescription=x\n[Service]\nExecStart=/py -m sglang.launch_server --chat-template \"a b\" \\\n  --port 30000\n"
     dropin = "[Service]\nEnvironment=A=1\n"
-    assert systemd_unit.effective_exec_start(unit, [dropin]) == [
+    assert list(systemd_unit.effective_exec_command(unit, [dropin]).argv) == [
         "/py", "-m", "sglang.launch_server", "--chat-template", "a b", "--port", "30000"]
     with pytest.raises(systemd_unit.UnitSyntaxError, match="exactly one"):
-        systemd_unit.effective_exec_start(unit, ["[Service]\nExecStart=\n"])
+        systemd_unit.effective_exec_command(unit, ["[Service]\nExecStart=\n"])
     with pytest.raises(systemd_unit.UnitSyntaxError, match=r"\$VARIABLES"):
-        systemd_unit.effective_exec_start("[Service]\nExecStart=/py $OPTS\n")
+        systemd_unit.effective_exec_command("[Service]\nExecStart=/py $OPTS\n")
 
 
 def test_disk_command_on_this_machine(tmp_path):
