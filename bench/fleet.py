@@ -1,4 +1,4 @@
-"""How long fleet-wide operations take on the lab, per fleet size (issues 8, 17). No assertions: figures.
+"""How long fleet-wide operations take on the lab, per fleet size. No assertions: figures.
 
 Two series, each N measured in one process (the lab stays up between sizes):
   - full: N lab hosts ct210.. cloned from ct200 (sglang 0.5.23, the full engine stand-in that
@@ -24,8 +24,11 @@ install as a smoke verdict's check sees it: overlayfs sets xattrs on copied-up f
 The engine is the lab's stand-in on a shared 2-core machine: every figure is a stand-in figure.
 
     flock /run/lock/fleetspec-labtests.lock python3 bench/fleet.py [--sizes 1 2 4 8]
-        [--thin-sizes 1 2 4 8 16 32] [--runs 3] [--rows rows.jsonl] [--out FILE] [--keep]
+        [--thin-sizes 1 2 4 8 16 32] [--runs 3] [--rows rows.jsonl] [--out FILE] [--json FILE] [--keep]
     python3 bench/fleet.py --report rows.jsonl [--out FILE]      # tables and fit, no lab
+
+--json FILE writes the rows as one JSON file (bench/resultfile.py; --report reads it too), which
+bench/plots.py draws as own time and controller CPU against fleet size (docs/img/fleet-size.png).
 
 Hold the lab lock at most ~10 minutes: split a long run with --rows (appends one JSON line per
 size) and print the whole table with --report.
@@ -270,13 +273,14 @@ def main() -> int:
     ap.add_argument("--rows", type=Path, default=None, help="append each size's row (JSON) to this file")
     ap.add_argument("--report", type=Path, default=None, help="print the tables of a --rows file; measure nothing")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here (bench/plots.py draws them)")
     ap.add_argument("--keep", action="store_true", help="leave the bench's lab hosts up")
     args = ap.parse_args()
     from bench.counted import precompile
 
     precompile()                  # byte-code as an installed fleetspec has it
     if args.report:
-        rows = [json.loads(line) for line in args.report.read_text().splitlines() if line.strip()]
+        rows = read_rows(args.report)
     else:
         if os.geteuid() != 0:
             raise SystemExit("bench/fleet.py brings up the lab: run it as root, under the lab lock")
@@ -304,7 +308,19 @@ def main() -> int:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.json:
+        from bench import resultfile
+
+        resultfile.write(args.json, {"rows": rows}, runs=args.runs)
     return 0
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a --rows file (one JSON line per size) or of a --json file (`{"meta", "rows"}`)."""
+    text = path.read_text()
+    if text.lstrip().startswith("{") and '"meta"' in text[:200]:
+        return json.loads(text)["rows"]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 if __name__ == "__main__":

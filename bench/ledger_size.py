@@ -1,4 +1,4 @@
-"""What a host's ledger costs a deploy as the host ages, with and without rotation (issue 17).
+"""What a host's ledger costs a deploy as the host ages, with and without rotation.
 
 Every deploy reads the host's whole ledger under its lock and parses it on the controller. Without
 rotation that grows with every deploy the host ever had; with it (model.ledger.rotation, run by a

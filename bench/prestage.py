@@ -1,4 +1,4 @@
-"""`deploy --prestage` against a plain canary rollout on N lab hosts (issue 17). No assertions: figures.
+"""`deploy --prestage` against a plain canary rollout on N lab hosts. No assertions: figures.
 
 N lab hosts ct220.. cloned from ct200 (sglang 0.5.23, stand-in engine), each run from no fleetspec
 state (so staging has everything to send): `deploy --canary 1 --serial 100% --no-gates` with and

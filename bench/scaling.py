@@ -1,4 +1,4 @@
-"""How bench/fleet.py's figures grow with N, and what that says about 500 hosts (issue 17).
+"""How bench/fleet.py's figures grow with N, and what that says about 500 hosts.
 
 Fits, per series, least squares lines own(N) = a + c·N and cpu(N) = p + q·N over the rows of one
 deploy of N hosts at once (--serial 100%, --parallel N). On the lab, c is mostly the hosts' own

@@ -1,4 +1,4 @@
-"""How much of a one-host deploy is fleetspec's own time, and how fast a failed deploy is back (issue 17).
+"""How much of a one-host deploy is fleetspec's own time, and how fast a failed deploy is back.
 
 On ct129 of the lab (NEXTN baseline, stand-in engine: every time here is a stand-in figure), with
 ct200 beside it for `status` on 2 hosts; each figure is the median of --runs:
@@ -11,7 +11,10 @@ ct200 beside it for `status` on 2 hosts; each figure is the median of --runs:
     wall until the deploy returns with NEXTN healthy again, the detection time (the probes step),
     the revert, the baseline's load within it, and the revert's overhead beyond that load;
   - status of ct129 + ct200.
+With --json FILE the figures are also written as JSON (bench/resultfile.py), which
+bench/plots.py draws as "where a deploy's time goes" (docs/img/deploy-steps.png).
 Hold the lab lock: flock /run/lock/fleetspec-labtests.lock python3 bench/speed.py [--runs 3]
+    [--json bench/results/deploy-steps.json]
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ def main() -> int:
                     help="ct129's extra.ready_timeout during the hang runs (the lab's is 120 s): a hung start is "
                          "detected only at this deadline, so the row shows the revert beyond it")
     ap.add_argument("--skip-up", action="store_true", help="the lab is up already (ct129, ct200)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here (bench/plots.py draws them)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from bench.counted import precompile
@@ -160,7 +164,17 @@ def main() -> int:
             fails["hang_at_start"] = failed_deploy(["hang_at_start"], args.hang_runs)
     print(json.dumps(fails), flush=True)
     print(report(d, fails, status_s, args.runs))
+    if args.json:
+        from bench import resultfile
+
+        resultfile.write(args.json, figures(d, fails, status_s, args.runs))
     return 0
+
+
+def figures(d: dict, fails: dict, status_s: float, runs: int) -> dict:
+    """What --json writes: the deploy's steps in the order they ran, beside the engine's wait."""
+    return {"runs": runs, "host": HOST, "deploy": d["deploy"], "steps": d["steps"], "rollback": d["rollback"],
+            "failed": fails, "status_2_hosts_s": status_s, "commands_of_one_deploy": d["command_list"]}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Client CPU and wall time per remote command: paramiko (fleetspec's transport), OpenSSH with a
-ControlMaster through a subprocess per command, and asyncssh, side by side (issue 17).
+ControlMaster through a subprocess per command, and asyncssh, side by side.
 
 A throwaway sshd on 127.0.0.1 (the tests' own, tests/conftest.py), one connection per client kept
 for the whole run, --commands small commands each (`printf x`, as a ledger line or a fact is

@@ -1,4 +1,4 @@
-"""fleetspec against an idiomatic Ansible playbook doing the same job, side by side on ct129 (issue 17).
+"""fleetspec against an idiomatic Ansible playbook doing the same job, side by side on ct129.
 
 bench/ansible/deploy.yml installs the same patch-set files fleetspec installs (its variables come
 from fleetspec's own preflight of ct129, so the bytes and the new ExecStart are the same), backs up
@@ -21,6 +21,11 @@ timeout) and reports how long the service did not answer 200: the service's down
 opposed to the deploy's wall time (fleetspec's smoke tests run while the old engine still serves).
 
     flock /run/lock/fleetspec-labtests.lock python3 bench/vs_ansible.py [--runs 3] [--ansible-playbook PATH]
+        [--json bench/results/vs-ansible.json]
+    python3 bench/vs_ansible.py --report bench/results/vs-ansible.json      # the tables again, no lab
+
+With --json FILE the medians and every run are written as JSON (bench/resultfile.py), which
+bench/plots.py draws (docs/img/vs-ansible.png).
 """
 
 from __future__ import annotations
@@ -181,15 +186,15 @@ def main() -> int:
     ap.add_argument("--ansible-playbook", default=shutil.which("ansible-playbook") or "ansible-playbook")
     ap.add_argument("--skip-up", action="store_true")
     ap.add_argument("--report", type=Path, default=None,
-                    help="print the tables of a run's JSON line (its 'runs' and 'medians'); measure nothing")
+                    help="print the tables of a run's JSON line or --json file (its 'runs', else its "
+                         "'medians'); measure nothing")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here (bench/plots.py draws them)")
     ap.add_argument("--warmup", type=int, default=1,
                     help="rounds of deploy and rollback by each tool, not recorded (the first deploy after "
                          "`lab up` pays cold page caches: 24 s where the next took 14)")
     args = ap.parse_args()
     if args.report:
-        data = next(json.loads(line) for line in args.report.read_text().splitlines() if line.startswith('{"medians"'))
-        rows = data["runs"]
-        print(table(medians(rows), len(rows["fs_deploy"])))
+        print(report(load(args.report)))
         return 0
     if shutil.which(args.ansible_playbook) is None:
         print(f"vs_ansible.py: {args.ansible_playbook} not found: install it with `pip install ansible-core` "
@@ -272,11 +277,34 @@ def main() -> int:
             rows["ans_failed_down"].append(down)
     finally:
         fs("lab", "fault", HOST, "--clear")
-    med = medians(rows)
-    print(json.dumps({"medians": med, "runs": rows, "health_retries": args.health_retries}), flush=True)
-    print(table(med, args.runs))
+    finish(rows, args)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def finish(rows: dict, args: argparse.Namespace) -> None:
+    """The run's JSON line and tables; with --json, the result file bench/plots.py draws."""
+    figures = {"medians": medians(rows), "runs": rows, "health_retries": args.health_retries}
+    print(json.dumps(figures), flush=True)
+    print(table(figures["medians"], args.runs))
+    if args.json:
+        from bench import resultfile
+
+        resultfile.write(args.json, figures, runs=args.runs)
+
+
+def report(data: dict) -> str:
+    """The tables of a run: from its runs when it has them, else from its medians."""
+    rows = data.get("runs")
+    return table(medians(rows), len(rows["fs_deploy"])) if rows else table(data["medians"], data["meta"]["runs"])
+
+
+def load(path: Path) -> dict:
+    """A --json file, or the printed output of a run (its `{"medians"` line)."""
+    text = path.read_text()
+    if text.lstrip().startswith("{") and '"meta"' in text[:200]:
+        return json.loads(text)
+    return next(json.loads(line) for line in text.splitlines() if line.startswith('{"medians"'))
 
 
 def medians(rows: dict) -> dict:

@@ -15,11 +15,12 @@ for arg in "$@"; do
 done
 unit_out=$(mktemp /var/tmp/fleetspec-unit-tests.XXXXXX)
 unit_pid=
+lab_out=
 # The unit run is a session and process group of its own (below): a signal to this script's group
 # no longer reaches it, so every way out of this script ends that group (pytest and the sshds and
 # commands it started) by its id; TERM, HUP and INT run the EXIT trap. (Not INT to pytest: a
 # background job starts with SIGINT ignored, and Python then never raises KeyboardInterrupt.)
-trap 'if [ -n "$unit_pid" ]; then kill -TERM -- "-$unit_pid" 2>/dev/null || true; fi; rm -f "$unit_out"' EXIT
+trap 'if [ -n "$unit_pid" ]; then kill -TERM -- "-$unit_pid" 2>/dev/null || true; fi; rm -f "$unit_out" "${lab_out:-}"' EXIT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 trap 'exit 130' INT
@@ -36,13 +37,19 @@ unit_pid=$!
   while kill -0 "$unit_pid" 2>/dev/null; do sleep 5; done
   echo "test: unit tests ended after $((SECONDS - t1))s: $(tail -n 1 "$unit_out" 2>/dev/null)"
 ) &
+lab_out=$(mktemp /var/tmp/fleetspec-lab-tests.XXXXXX)
 lab_rc=0
-python3 -m pytest -p no:cacheprovider tests/lab "$@" || lab_rc=$?
-echo "test: lab tests took $((SECONDS - t1))s (exit $lab_rc)"
+python3 -m pytest -p no:cacheprovider tests/lab "$@" 2>&1 | tee "$lab_out" || lab_rc=$?
+lab_s=$((SECONDS - t1))
+echo "test: lab tests took ${lab_s}s (exit $lab_rc)"
 unit_rc=0
 wait "$unit_pid" || unit_rc=$?
 unit_pid=
+unit_s=$(grep -o "in [0-9.]*s" "$unit_out" | tail -n 1 | tr -dc "0-9." || true)
 echo "test: unit tests (run beside the lab tests, nice 19 in a session of their own), exit $unit_rc:"
 cat "$unit_out"
-echo "test: all took $((SECONDS - t0))s"
+echo "test: phase times: set-up $((t1 - t0))s, unit ${unit_s:-?}s (beside the lab), lab ${lab_s}s, all $((SECONDS - t0))s"
+echo "test: the 15 slowest tests of both runs:"
+grep -hE '^[0-9]+\.[0-9]+s (call|setup|teardown) ' "$lab_out" "$unit_out" | sort -rn | head -n 15 || true
+rm -f "$lab_out"
 [ "$lab_rc" -eq 0 ] && [ "$unit_rc" -eq 0 ]

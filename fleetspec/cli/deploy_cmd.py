@@ -21,6 +21,9 @@ from fleetspec.cli.output import Progress, echo_table
 @click.option("--mode", type=click.Choice(["release", "in-place"]), default="release", show_default=True)
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Override a playbook option.")
 @click.option("--no-gates", is_flag=True, help="Skip the playbook's gates (probes still run).")
+@click.option("--allow-unhealthy", is_flag=True,
+              help="Deploy onto an engine that is down or unhealthy, to replace it (needs --no-gates: there is no "
+                   "baseline to measure). Without it such a host is refused; one still loading is waited for.")
 @click.option("--canary", type=int, default=0, show_default=True, help="Hosts to move first, alone.")
 @click.option("--serial", default="1", show_default=True, help="Hosts per batch after the canary (N or P%).")
 @click.option("--max-fail", default="0", show_default=True, help="Failures tolerated fleet-wide (K or P%).")
@@ -34,7 +37,7 @@ from fleetspec.cli.output import Progress, echo_table
 @click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
-def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canary, serial, max_fail,
+def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow_unhealthy, canary, serial, max_fail,
            parallel, rollback_all_on_abort, prestage, stage_only, yes, as_json):
     """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
     background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
@@ -51,6 +54,11 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     from fleetspec.ops.smoke_run import smoke_nice
 
     smoke_nice()                          # a bad $FLEETSPEC_SMOKE_NICE is refused before any host is touched
+    if allow_unhealthy and not no_gates and not plan_only:
+        from fleetspec.errors import UserError
+
+        raise UserError("--allow-unhealthy needs --no-gates: the gates compare the release with the engine's figures "
+                        "before the switch, and an engine that does not serve has none")
     if stage_only:
         _refuse_with_stage_only(plan=plan_only, prestage=prestage, canary=canary,
                                 rollback_all_on_abort=rollback_all_on_abort)
@@ -69,7 +77,7 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, canar
     else:
         outcomes = fleet.deploy_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
                                       strategy=strategy, plan_only=plan_only, mode=mode, run_gates=not no_gates,
-                                      echo=progress.echo, progress=progress.line,
+                                      echo=progress.echo, progress=progress.line, allow_unhealthy=allow_unhealthy,
                                       pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
     progress.line(None)
     if as_json:

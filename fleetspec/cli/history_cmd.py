@@ -1,4 +1,5 @@
-"""`fleetspec history HOST [RELEASE]`: one line per release, or one release's whole story.
+"""`fleetspec history HOST [RELEASE]`: one line per release, or one release's whole story (its
+steps as a timeline of bars, cli/timeline.py, then each step's details).
 
 Layout only (the folding of ledger lines is ops/history.py). Every line is wrapped at spaces to
 the terminal's width and no word is ever cut: a value longer than the width overflows whole.
@@ -15,6 +16,8 @@ import click
 
 from fleetspec.cli.completion import complete_hosts, complete_releases
 from fleetspec.cli.output import Out, wrap
+from fleetspec.cli.timeline import secs as _secs
+from fleetspec.cli.timeline import spans_of, timeline
 
 STATUS_STYLE = {"healthy": "green", "failed": "red", "rolled_back": "yellow", "superseded": "dim",
                 "pruned": "dim", "started": "magenta", "staged": "magenta", "switched": "magenta",
@@ -23,14 +26,6 @@ STATUS_STYLE = {"healthy": "green", "failed": "red", "rolled_back": "yellow", "s
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
-
-
-def _secs(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s >= 90:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    return f"{s:.1f}s" if s >= 0.05 or s == 0 else f"{s:.2f}s"
 
 
 # ---- the table: one release per line (two when the terminal is narrow) ----------------------
@@ -138,6 +133,12 @@ def pretty(key: str | None, value, width: int, indent: str) -> list[str]:
 
 def print_story(host_name: str, r, out: Out) -> None:
     _story_head(host_name, r, out)
+    bars = timeline(spans_of(r.steps), min(out.width, 80), r.ended)
+    if bars:
+        out.line()
+        out.line(bars[0], [(0, 8, "bold")])
+        for ln in bars[1:]:
+            out.line(ln)
     out.line()
     out.line("steps", [(0, 5, "bold")])
     _story_steps(r.steps, out)
@@ -196,7 +197,8 @@ def _story_steps(steps, out: Out) -> None:
 def history(obj, host, release, as_json, limit):
     """The host's releases, one per line: id, algo, final status, when, duration, failing step
     and gate figures. With RELEASE (an id, or a unique prefix or suffix of one): its whole story,
-    every step with its seconds and figures, and the evidence of a failure.
+    its steps as a timeline of bars scaled to their seconds, every step with its figures, and the
+    evidence of a failure.
 
     \b
     Example: fleetspec history ct129 20261201T044505Z-ddtree-3f2a

@@ -20,6 +20,7 @@ FAULTS = "/etc/fleetspec-lab/faults.json"
 KINDS = {  # kind -> value type (None: a flag)
     "crash_at_start": None, "hang_at_start": None, "garbage_output": None, "disk_full": None,
     "health_503_after": float, "slow_tokens": float, "slow_load": float, "wrong_algorithm": str,
+    "fail_requests_after": float,   # /generate answers 500 once the engine has served this many requests
     "only_algorithm": str,   # a modifier: the faults bite only an engine serving this algorithm
 }
 DISK = "/var/lib/fleetspec"

@@ -32,7 +32,7 @@ from fleetspec.remote.systemd import UnitStream
 def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
            progress: Callable[[str | None], None] = lambda line: None) -> DeployOutcome:
     """Preflight (read-only; refuses bad input before the host is touched), then the deploy it decided."""
-    pf = preflight_mod.run(t, req, echo)
+    pf = preflight_mod.run(t, req, echo, progress)
     return Deploy(t, req, pf, echo, progress).run()
 
 
@@ -231,8 +231,14 @@ class Deploy:
 
         if not self.req.run_gates or not gates.needs_baseline(gates.for_host(self.pf.playbook.gates, self.host)):
             return {"skipped": True}
-        self.pf.before = gates.measure_for(self.t, self.pf)
-        return {"figures": self.pf.before.figures()}
+        before = gates.measure_for(self.t, self.pf)
+        if before.errors:     # the gates never compare against a partial baseline
+            raise StepFailed("measure", f"{len(before.errors)} of the baseline's requests failed or came back "
+                                        f"malformed (first: {before.errors[0]}); nothing live changed: the gates "
+                                        f"would compare against a partial baseline",
+                             {"figures": before.figures(), "errors": before.errors[:5]})
+        self.pf.before = before
+        return {"figures": before.figures()}
 
     def _switch(self) -> dict:
         # SWITCHED rides in front of the first file change, in the same shell (`&&`): durable before it.

@@ -63,13 +63,14 @@ class Strategy:
 
 
 def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_only, run_gates, echo, progress,
-               pause_at=None, mode="release", prestaged=None) -> DeployOutcome:
+               pause_at=None, mode="release", prestaged=None, allow_unhealthy=False) -> DeployOutcome:
     """One host, start to end; every error becomes an outcome so the fleet goes on. `prestaged`:
     the host's prestage (a future of the release id staged there), waited for first."""
     try:
         release_id = _prestaged_id(host, prestaged, echo)
         req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
-                            options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id)
+                            options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id,
+                            allow_unhealthy=allow_unhealthy)
         return deploy(connect(host), req, echo=echo, progress=progress)
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
@@ -141,7 +142,7 @@ def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options,
 
 def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, plan_only=False,
                  run_gates=True, echo=print, progress=lambda _: None, pause_at=None,
-                 mode="release") -> list[DeployOutcome]:
+                 mode="release", allow_unhealthy=False) -> list[DeployOutcome]:
     """`connect(host)` gives the host's transport (one per host, reused); `root` is the fleet root."""
     outcomes: dict[str, DeployOutcome] = {}
     stop = threading.Event()
@@ -156,7 +157,8 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
         pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="deploy")
         futures = {h.name: pool.submit(deploy_one, h, playbook, connect=connect, root=root, options=options,
                                        plan_only=plan_only, run_gates=run_gates, echo=echo, progress=progress,
-                                       pause_at=pause_at, mode=mode, prestaged=prestaged.get(h.name))
+                                       pause_at=pause_at, mode=mode, prestaged=prestaged.get(h.name),
+                                       allow_unhealthy=allow_unhealthy)
                    for h in batch}
         try:
             for name, fut in futures.items():

@@ -32,6 +32,7 @@ class DeployRequest:
     prune: bool = True                 # bench deploys keep the operator's releases untouched
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
     release_id: str | None = None      # a release --prestage staged on the host: used if still as planned
+    allow_unhealthy: bool = False      # deploy onto an engine that does not serve (gates off): the operator's choice
 
 
 class Outcome(StrEnum):

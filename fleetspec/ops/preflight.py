@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec import systemd_unit
-from fleetspec.errors import NeedsAttention, UserError
+from fleetspec.errors import UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
 from fleetspec.model.launch import LaunchForm
 from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops import argv as argv_ops
+from fleetspec.ops import probes, serving
 from fleetspec.ops.flags import render_flags
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.options import ResolvedOptions, resolve_options
@@ -52,6 +53,7 @@ from fleetspec.remote.facts import model_config as model_fact
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import torch as torch_fact
+from fleetspec.remote.facts import unit_age as unit_age_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.option_table import option_table
@@ -60,14 +62,19 @@ if TYPE_CHECKING:
     from fleetspec.ops.outcome import DeployRequest
 
 
-def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print) -> Preflight:
-    """Read the host and refuse bad input (exit 2) or a host that needs an operator (exit 3)."""
+def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
+        progress: Callable[[str | None], None] = lambda _: None, wait_serving: bool = True) -> Preflight:
+    """Read the host and refuse bad input (exit 2) or a host that needs an operator (exit 3).
+    An engine still loading is waited for (`wait_serving`; else noted): serving.require_serving."""
     host, playbook = req.host, req.playbook
     check_secret_env(host, playbook)           # before the host is even contacted
     t.check_access()                           # become: sudo that cannot act as root: one line, exit 2
     loaded = preload_patchsets(playbook)
     got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
+    waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
+                                     allow_unhealthy=req.allow_unhealthy, wait=wait_serving and not req.plan_only,
+                                     progress=progress)
     sg, tv, disk, model, gpus = (_or_none(got[k]) for k in ("sglang", "torch", "disk", "model", "gpus"))
     path = _model_path(host, svc.exec_argv)
     if path != _model_path(host, []):          # ExecStart names another model than the inventory
@@ -77,7 +84,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
                         f"(vars.python in {host.inventory_path})")
     hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
     options = resolve_options(playbook, req.options, hybrid)
-    notes = [f"{host.name}: {n}" for n in options.notes]
+    notes = [waited] if waited else []
+    notes.extend(f"{host.name}: {n}" for n in options.notes)
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options)
@@ -130,6 +138,7 @@ def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) 
         "model": (model_fact, {"path": _model_path(host, [])}),
         "gpus": (gpu_fact, {}),
         "missing": (missing_paths, {"paths": tuple(model_paths(host))}),
+        "age": (unit_age_fact, {"service": service}),
     }, errors="return")
 
 
@@ -168,9 +177,6 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
         check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
                          baseline_text=files_fact.baseline_json)
-        if unit.active_state != "active":
-            raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
-                                 f"moves a running service", f"ssh {host.address} systemctl status {service}")
     return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding)
 
 

@@ -243,17 +243,25 @@ def classify(http: str, active_state: str | None, sub_state: str | None, up_s: f
     return DOWN, f"unit {active_state}{'/' + sub_state if sub_state else ''}"
 
 
+def health_http(t: TransportLike, port: int) -> tuple[str, str | None]:
+    """What /health said (its status code, refused, timeout or error) and, for an error, why."""
+    try:
+        return str(t.http("GET", port, "/health", timeout=5).status), None
+    except FleetspecError as err:
+        text = str(err)
+        if "refused" in text:
+            return "refused", None
+        if "within" in text or "timed out" in text:
+            return "timeout", None
+        return "error", _short_error(err)
+
+
 def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None) -> None:
     port = host.vars.api_port
     row.ready_timeout = ready_timeout(host)
-    try:
-        r = t.http("GET", port, "/health", timeout=5)
-        row.http = str(r.status)
-    except FleetspecError as err:
-        text = str(err)
-        row.http = ("refused" if "refused" in text else "timeout" if ("within" in text or "timed out" in text) else "error")
-        if row.http == "error":
-            row.notes.append(_short_error(err))
+    row.http, error = health_http(t, port)
+    if error:
+        row.notes.append(error)
     active = unit.active_state if unit is not None and getattr(unit, "found", False) else None
     sub = unit.sub_state if active else None
     restarts = unit.n_restarts if active else None

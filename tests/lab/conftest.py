@@ -76,6 +76,13 @@ def thin_fleet():
         lab.down(ROOT, only=THIN_HOSTS)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """First-contact tests first (an engine still loading, one stopped: the session's first boot),
+    and the one marked `last` last: it takes the lab down and brings it up from cold."""
+    items.sort(key=lambda item: 2 if item.get_closest_marker("last") else
+               0 if item.get_closest_marker("first_contact") else 1)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The reliability suite's counts (faults injected, cases tried), when it ran."""
     import sys

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -239,34 +237,3 @@ def test_sigterm_drains_and_exits_0(ct200_clean):
     assert meta["completion_tokens"] == 300
     status = fleet.run("ct200", f"systemctl show -p ExecMainStatus,Result --value {SERVICE}").stdout.decode().split()
     assert sorted(status) == ["0", "success"]
-
-
-def _leftovers() -> dict:
-    from fleetspec.lab import cgroups, network
-
-    mounts = [line for line in Path("/proc/mounts").read_text().splitlines()
-              if "fleetspec" in line or "fslab" in line]
-    procs = subprocess.run(["pgrep", "-f", "systemd-nspawn.*fleetspec-lab"], capture_output=True, text=True).stdout.split()
-    return {"netns": network.lab_namespaces(), "mounts": mounts, "cgroups": [str(p) for p in cgroups.leftovers()],
-            "bridge": network.bridge_exists(), "processes": procs,
-            "state": sorted(p.name for p in Path("/run/fleetspec-lab/hosts").glob("*"))}
-
-
-def test_lab_down_leaves_nothing_then_comes_back(lab_fleet):
-    """Also after a crash: leftovers that no state file names are found by their fixed names."""
-    from fleetspec.lab import cgroups, hosts, lab
-
-    others = [n for n in hosts.running() if n not in lab_fleet.addresses]
-    subprocess.run(["ip", "netns", "add", "fslab-ghost"], check=True)  # a crashed `lab up`'s debris
-    ghost = cgroups.host_paths("ghost")[0]
-    ghost.mkdir(parents=True)
-    assert lab.down(lab_fleet.root) == []
-    assert hosts.running() == others  # another checkout's hosts are not ours to stop
-    if not others:
-        left = _leftovers()
-        assert left == {"netns": [], "mounts": [], "cgroups": [], "bridge": False, "processes": [], "state": []}
-    else:
-        assert not set(lab_fleet.addresses) & set(hosts.known())
-    # Put the session's fleet back for whatever runs next.
-    result = lab.up(lab_fleet.root, tuple(lab_fleet.addresses))
-    assert result.addresses == lab_fleet.addresses

@@ -133,3 +133,12 @@ def test_stage_only_refuses_what_only_a_switching_deploy_does(root, extra):
     (root / "playbooks" / "ddtree.yaml").write_text(GOOD_PB)
     _assert_one_clean_line(_invoke(root, ["deploy", "a", "--algo", "ddtree", "--stage-only", *extra, "--yes"]),
                            f"--stage-only cannot be combined with {extra[0]}")
+
+
+def test_allow_unhealthy_needs_no_gates(root):
+    """Deploying onto an engine that does not serve has no baseline to measure: with the gates on,
+    `--allow-unhealthy` is refused in one line before any host is contacted."""
+    (root / "inventory" / "lab.yaml").write_text(GOOD_INV)
+    (root / "playbooks" / "ddtree.yaml").write_text(GOOD_PB)
+    _assert_one_clean_line(_invoke(root, ["deploy", "a", "--algo", "ddtree", "--allow-unhealthy", "--yes"]),
+                           "--allow-unhealthy needs --no-gates")

@@ -144,7 +144,8 @@ def test_story_of_a_failed_release_shows_step_and_evidence(story):
     assert ("failed at gates: acceptance fail: accept length 1.21 < floor 2.0; throughput fail: release/baseline "
             "tokens/s 0.399 < 0.95; parity fail: greedy output differs at token 3 for 'The capital of France is' "
             "(baseline 14, release 99)") in flat
-    steps = [ln.split() for ln in out.splitlines() if ln.startswith("  ") and not ln.startswith("   ")]
+    after = out.split("\nsteps\n", 1)[1]                        # the step details (the timeline is above)
+    steps = [ln.split() for ln in after.splitlines() if ln.startswith("  ") and not ln.startswith("   ")]
     names = [w[0] for w in steps if len(w) >= 3 and w[1] in ("ok", "failed", "started", "skipped")]
     assert names == ["preflight", "baseline", "stage", "measure", "switch", "restart", "probes", "gates", "revert"]
     gates_line = next(w for w in steps if w[0] == "gates")

@@ -7,8 +7,10 @@ from fleetspec.lab import faults
 
 
 def test_parse_flags_and_values():
-    assert faults.parse(["crash_at_start", "slow_tokens=4", "wrong_algorithm=EAGLE", "health-503-after=2.5"]) == {
-        "crash_at_start": True, "slow_tokens": 4.0, "wrong_algorithm": "EAGLE", "health_503_after": 2.5}
+    assert faults.parse(["crash_at_start", "slow_tokens=4", "wrong_algorithm=EAGLE", "health-503-after=2.5",
+                         "fail_requests_after=0"]) == {
+        "crash_at_start": True, "slow_tokens": 4.0, "wrong_algorithm": "EAGLE", "health_503_after": 2.5,
+        "fail_requests_after": 0.0}
 
 
 @pytest.mark.parametrize("spec,msg", [

@@ -205,6 +205,9 @@ class Handler(BaseHTTPRequestHandler):
             prompt_ids = model.tokenize(body["text"], self.state.engine.size)
         else:
             raise ValueError("Either text or input_ids should be provided.")
+        after = settings.faults().get("fail_requests_after")
+        if after is not None and self.state.engine.stats["requests"] >= float(after):
+            return self._send(500, {"error": {"message": "injected fault: fail_requests_after", "code": 500}})
         if not self._admit():
             return
         rid = body.get("rid") or uuid.uuid4().hex
