@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetspec import render, systemd_unit
+from fleetspec import systemd_unit
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.release import Release
 from fleetspec.ops import probes
@@ -50,7 +50,7 @@ def exec_start_mismatch(shown: list, argv: list[str], prefix: str = "", path: st
     """Compare `systemctl show -p ExecStart` (facts.systemd ExecInfo list) with the command fleetspec
     rendered. systemctl joins argv[] with spaces and prints it as stored (`$$` not yet expanded),
     so the comparison is made against the same stored form of the rendered line (pure)."""
-    want = systemd_unit.parse_exec(render.exec_line(argv, prefix, path))[0]
+    want = systemd_unit.parse_exec(systemd_unit.exec_line(argv, prefix, path))[0]
     if len(shown) != 1:
         return f"systemd holds {len(shown)} ExecStart= commands (expected 1)"
     got = shown[0]

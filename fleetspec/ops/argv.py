@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from fleetspec.errors import UserError
 from fleetspec.model import graphsize, launch
 from fleetspec.model.playbook import Playbook
+from fleetspec.ops.flags import Flags
 
 SPEC_PREFIX = "--speculative"
 # Shortest unambiguous prefix of --speculative-algorithm in sglang (--speculative-a is shared
@@ -119,16 +120,16 @@ def classify_or_refuse(command, where: str) -> launch.LaunchForm:
         raise UserError(f"{where}: {err}") from None
 
 
-def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Sequence[str], playbook: Playbook,
+def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,
                 version: str, environment: Mapping[str, str], where: str) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
     speculation-only environment. Refusals name the host and service (exit 2)."""
     try:
-        derived = launch.derive(form, table, flags, carry=playbook.launch.carry, drop=playbook.launch.drop,
+        derived = launch.derive(form, table, flags.argv, carry=playbook.launch.carry, drop=playbook.launch.drop,
                                 version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
-    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where)
+    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values)
     derived = sized.derived
     keep = set(playbook.launch.env_keep)
     head_env = [a.split("=", 1)[0] for a in form.env_assignments]

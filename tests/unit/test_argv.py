@@ -91,7 +91,7 @@ def test_render_hybrid_auto_becomes_shadow_linear(ddtree):
     resolved = resolve_options(ddtree, {}, hybrid=True)
     assert resolved.values["verify"] == "shadow-linear"
     assert "hybrid" in resolved.notes[0]
-    assert render_flags(ddtree, HOST, resolved.values) == [
+    assert render_flags(ddtree, HOST, resolved.values).argv == [
         "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/root/models/Qwen3.6-27B-DFlash",
         "--speculative-ddtree-budget", "64", "--speculative-ddtree-shadow-linear"]
 
@@ -100,7 +100,7 @@ def test_render_pure_attention_auto_becomes_tree_and_overrides_are_typed(ddtree)
     overrides = parse_overrides(ddtree, ["budget=32", "trace=yes", "ratio=0.25"])
     assert overrides == {"budget": 32, "trace": True, "ratio": 0.25}
     resolved = resolve_options(ddtree, overrides, hybrid=False)
-    flags = render_flags(ddtree, HOST, resolved.values)
+    flags = render_flags(ddtree, HOST, resolved.values).argv
     assert resolved.values["verify"] == "tree"
     assert "--speculative-ddtree-shadow-linear" not in flags
     assert flags[-1] == "--speculative-ddtree-trace" and "32" in flags
