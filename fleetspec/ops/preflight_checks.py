@@ -14,11 +14,9 @@ from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
-from fleetspec.remote import facts, files, systemd
+from fleetspec.remote import files, systemd
 from fleetspec.remote import lock as lock_mod
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import systemd as systemd_fact
-from fleetspec.remote.facts import unit_files as unit_files_fact
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.unit_files import UnitFiles
 
@@ -32,13 +30,6 @@ UNREAD = object()                      # a fact not gathered in preflight's batc
 
 def gather_unit(t: TransportLike, service: str) -> SystemdUnit:
     return systemd.show(t, service)
-
-
-def gather_unit_and_files(t: TransportLike, service: str) -> tuple[SystemdUnit, UnitFiles]:
-    """The unit's state and the bytes of its files, in one round trip (no SFTP session)."""
-    unit, files_fact = facts.gather_many(t, [(systemd_fact, {"service": service}),
-                                             (unit_files_fact, {"service": service})], errors="raise")
-    return unit, files_fact
 
 
 def read_unit_files(t: TransportLike, unit: SystemdUnit,

@@ -263,10 +263,10 @@ def verify_script(rundir: str, service: str, unit_bytes: bytes, dropin_name: str
     def enc(data: bytes) -> str:
         return f"printf %s {q(base64.b64encode(data).decode())} | base64 -d"
 
-    return verify_from(rundir, service, enc(unit_bytes), dropin_name, enc(dropin))
+    return verify_from_script(rundir, service, enc(unit_bytes), dropin_name, enc(dropin))
 
 
-def verify_from(rundir: str, service: str, unit_from: str, dropin_name: str, dropin_from: str) -> str:
+def verify_from_script(rundir: str, service: str, unit_from: str, dropin_name: str, dropin_from: str) -> str:
     """verify_script with the unit's and the drop-in's bytes printed by two shell commands
     (`unit_from`, `dropin_from`: built with shlex.quote), e.g. read from stdin or a file just written."""
     unit = f'"$s"/{q(service)}'
@@ -311,7 +311,7 @@ def write_and_verify(t: TransportLike, writes: list[tuple[str, bytes, int]], syn
         files.sha256_of(sorted(hash_paths)),
         f"{{ {steps} && {files.fsync(*sync)}; }} || exit 1",
         f"echo {WRITTEN}",
-        "(", verify_from(rundir, service, f"head -c {len(unit_bytes)}", dropin_name, f"cat -- {q(dropin_path)}"),
+        "(", verify_from_script(rundir, service, f"head -c {len(unit_bytes)}", dropin_name, f"cat -- {q(dropin_path)}"),
         ")",
     ])
     stdin = b"".join(data for _, data, _ in writes) + unit_bytes
