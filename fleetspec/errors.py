@@ -9,6 +9,8 @@ from __future__ import annotations
 
 class FleetspecError(Exception):
     exit_code = 1
+    command: str | None = None          # what the operator runs next (NeedsAttention, StepFailed)
+    charged_step: str | None = None     # the deploy step a failed ledger write is charged to (hoststate)
 
 
 class UserError(FleetspecError):

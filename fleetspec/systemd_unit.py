@@ -275,12 +275,6 @@ def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, 
     return ExecCommand(path=command.path, argv=tuple(argv), flags=command.flags)
 
 
-def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
-                         specifiers: dict[str, str] | None = None) -> list[str]:
-    """The argv the service's process gets (see effective_exec_command)."""
-    return list(effective_exec_command(unit_text, dropin_texts, specifiers).argv)
-
-
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -321,21 +315,14 @@ def environment_of(unit_texts: list[str], specifiers: dict[str, str] | None = No
     return {k: v for k, v in env.items() if k not in unset}
 
 
-_CONTROL_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
-
-
+# Writing: the control characters with a one-letter C escape, the inverse of _SIMPLE's.
+_CONTROL_ESCAPES = {v: "\\" + k for k, v in _SIMPLE.items() if k in "abfnrtv"}
 _NEEDS_QUOTES = set(" \t\n\r\v\f\"'\\;")
-
-
 EXEC_PREFIXES = "-@:+!"
 
 
 def _is_control(ch: str) -> bool:
     return ord(ch) < 0x20 or ord(ch) == 0x7F
-
-
-def _escape_specials(word: str) -> str:
-    return word.replace("%", "%%").replace("$", "$$")
 
 
 def _needs_quotes(text: str) -> bool:
@@ -359,12 +346,18 @@ def _c_quoted(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _quote(text: str, dollars: bool, what: str = "passed in argv") -> str:
+    """One word: `%` doubled (specifiers), `$` doubled where systemd would expand it, quoted when needed."""
+    if "\x00" in text:
+        raise ValueError(f"a NUL byte cannot be {what}")
+    escaped = text.replace("%", "%%")
+    escaped = escaped.replace("$", "$$") if dollars else escaped
+    return _c_quoted(escaped) if _needs_quotes(text) else escaped
+
+
 def systemd_quote(arg: str) -> str:
     """One ExecStart= word that systemd turns back into exactly `arg` when the command runs."""
-    if "\x00" in arg:
-        raise ValueError("a NUL byte cannot be passed in argv")
-    escaped = _escape_specials(arg)
-    return _c_quoted(escaped) if _needs_quotes(arg) else escaped
+    return _quote(arg, dollars=True)
 
 
 def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) -> str:
@@ -378,9 +371,9 @@ def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) ->
         raise ValueError("empty argv")
     if set(prefix) - set(EXEC_PREFIXES) or "!!!" in prefix:
         raise ValueError(f"ExecStart prefix {prefix!r} is not made of {EXEC_PREFIXES}")
-    words = ([path] if "@" in prefix else []) + argv
     if "@" in prefix and not path:
         raise ValueError("an @ prefix needs the executable path")
+    words = ([path] if path and "@" in prefix else []) + argv
     exe = words[0]
     if exe[:1] in EXEC_PREFIXES or not exe:
         raise ValueError(f"executable {exe!r} must not be empty or start with one of {EXEC_PREFIXES}")
@@ -390,25 +383,15 @@ def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) ->
 
 def systemd_quote_noenv(arg: str) -> str:
     """An ExecStart= word under the `:` prefix (no `$` expansion): `%` doubled, `$` kept."""
-    if "\x00" in arg:
-        raise ValueError("a NUL byte cannot be passed in argv")
-    escaped = arg.replace("%", "%%")
-    return _c_quoted(escaped) if _needs_quotes(arg) else escaped
+    return _quote(arg, dollars=False)
 
 
 def environment_line(name: str, value: str) -> str:
     """`Environment=` line for one variable (the assignment quoted as one word)."""
-    if not name or not (name[0].isalpha() or name[0] == "_") or not all(c.isalnum() or c == "_" for c in name):
+    if not _ENV_NAME.match(name):
         raise ValueError(f"invalid environment variable name {name!r}")
-    return "Environment=" + _quote_assignment(f"{name}={value}")
-
-
-def _quote_assignment(text: str) -> str:
-    # Environment= resolves specifiers but never expands `$`, so only `%` is doubled here.
-    if "\x00" in text:
-        raise ValueError("a NUL byte cannot be in the environment")
-    text = text.replace("%", "%%")
-    return _c_quoted(text) if _needs_quotes(text) else text
+    # Environment= resolves specifiers but never expands `$`: only `%` is doubled.
+    return "Environment=" + _quote(f"{name}={value}", dollars=False, what="in the environment")
 
 
 def oneline(value: object) -> str:

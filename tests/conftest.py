@@ -7,12 +7,15 @@ children of the test process (`/usr/sbin/sshd -D -e`) and are stopped by their p
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,3 +206,39 @@ def seen():
     transport.add_observer(observer)
     yield got
     transport.remove_observer(observer)
+
+
+LAUNCH = ("/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B "
+          "--speculative-algo NEXTN --speculative-num-steps 3")
+
+
+class _Sglang(http.server.BaseHTTPRequestHandler):
+    """/health and /server_info of an engine serving NEXTN (read back as EAGLE), as sglang answers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        if self.path == "/health":
+            body = b""
+        elif self.path == "/server_info":
+            body = json.dumps({"speculative_algorithm": "EAGLE", "launch_command": LAUNCH, "version": "0.5.23"}).encode()
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def fake_sglang():
+    """The port of a stand-in engine on 127.0.0.1 (a host's api_port, reached through its SSH link)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sglang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()

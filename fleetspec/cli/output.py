@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 
@@ -37,7 +38,7 @@ class Progress:
                 self._clear()
                 return
             if self.tty:
-                self.stream.write("\r\x1b[2K" + text[: click.get_terminal_size()[0] - 1])
+                self.stream.write("\r\x1b[2K" + text[: shutil.get_terminal_size()[0] - 1])
                 self.stream.flush()
                 self._shown = True
             else:

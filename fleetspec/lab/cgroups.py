@@ -17,7 +17,7 @@ GROUP = "fleetspec-lab"
 
 def _mounts() -> list[tuple[frozenset, Path]]:
     """(mount options, mount point) per cgroup hierarchy; v2 has an empty option set here."""
-    out = []
+    out: list[tuple[frozenset, Path]] = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         _dev, mnt, fstype, opts, *_ = line.split()
         if fstype == "cgroup2":
@@ -60,7 +60,7 @@ def enter(paths: list[Path]) -> None:
 
 
 def pids(paths: list[Path]) -> set[int]:
-    found = set()
+    found: set[int] = set()
     for path in paths:
         for procs in path.rglob("cgroup.procs") if path.is_dir() else []:
             try:
@@ -94,7 +94,7 @@ def remove(paths: list[Path]) -> list[str]:
 
 def leftovers() -> list[Path]:
     """Every fleetspec-lab cgroup folder on the machine (for `lab down` after a crash)."""
-    found = []
+    found: list[Path] = []
     for _opts, mnt in _mounts():
         for depth in range(0, 4):
             found.extend(p for p in mnt.glob("/".join(["*"] * depth + [GROUP])) if p.is_dir())

@@ -29,7 +29,7 @@ DISK_UPPER = "/run/fleetspec-lab/disk-full"
 
 
 def parse(specs) -> dict:
-    out = {}
+    out: dict[str, str | float | bool] = {}
     for spec in specs:
         kind, eq, raw = spec.partition("=")
         kind = kind.strip().replace("-", "_")
@@ -44,12 +44,12 @@ def parse(specs) -> dict:
         if not eq or not raw:
             raise UserError(f"fault {kind} needs a value: {kind}=VALUE")
         try:
-            value = typ(raw)
+            value: str | float = typ(raw)
         except ValueError:
             raise UserError(f"fault {kind}={raw}: expected a number") from None
-        if typ is float and value < 0:
+        if isinstance(value, float) and value < 0:
             raise UserError(f"fault {kind}={raw}: must not be negative")
-        if kind == "slow_tokens" and value < 1:
+        if kind == "slow_tokens" and isinstance(value, float) and value < 1:
             raise UserError(f"fault slow_tokens={raw}: a factor of 1 or more (tokens/s is divided by it)")
         out[kind] = value
     return out

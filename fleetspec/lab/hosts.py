@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from fleetspec.lab import cgroups, envs, image, network, profiles
 from fleetspec.lab.engine import files as engine_files
@@ -81,7 +82,7 @@ def running(root: Path | str | None = None) -> list[str]:
     return out
 
 
-def is_running(state: HostState | None) -> bool:
+def is_running(state: HostState | None) -> TypeGuard[HostState]:
     if state is None:
         return False
     try:

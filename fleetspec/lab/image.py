@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from fleetspec.errors import UserError
 from fleetspec.lab import envs
@@ -28,7 +29,7 @@ DEBOOTSTRAP_CMD = [
 VENV = {"0.5.13.post1": "/root/ml-env", "0.5.23": "/opt/sglang/venv"}
 
 # Bump when what _finish_base does changes: it is part of the base image's hash.
-BASE_RECIPE = {
+BASE_RECIPE: dict[str, Any] = {
     "v": 3,
     "debootstrap": DEBOOTSTRAP_CMD,
     "sshd": "PermitRootLogin prohibit-password; PasswordAuthentication no; UseDNS no",
@@ -50,7 +51,7 @@ MaxSessions 64
 # Debian packages a host needs beyond debootstrap's, in a small layer of their own between the
 # base and the sglang layers (so adding one rebuilds neither). The debs come from this machine's apt
 # (Debian 12, as the image) once, into DEBS; builds after that are offline.
-PACKAGES_RECIPE = {"v": 2, "packages": ["sudo"]}
+PACKAGES_RECIPE: dict[str, Any] = {"v": 2, "packages": ["sudo"]}
 DEBS = envs.CACHE / "debs"
 
 

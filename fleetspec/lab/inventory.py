@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -13,7 +14,7 @@ HEADER = "# Written by `fleetspec lab up`; rewritten on every run. Do not edit.\
 
 def render(hosts: dict[str, str]) -> str:
     """hosts: name -> address."""
-    data = {
+    data: dict[str, Any] = {
         "defaults": {
             "user": "root", "port": 22,
             "ssh_key": "../.lab/ssh/id_ed25519", "known_hosts": "../.lab/ssh/known_hosts",

@@ -63,8 +63,8 @@ def up(root: Path, names=DEFAULT_HOSTS, log=print, boot_timeout: float = 60.0) -
         addresses, started, reused = {}, [], []
         for name in hosts.running(root):
             if name not in names:
-                addresses[name] = hosts.HostState.load(name).address  # this root's other hosts stay listed
-        taken = {hosts.HostState.load(n).address for n in hosts.running()} - set(addresses.values())
+                addresses[name] = address_of(name)  # this root's other hosts stay listed
+        taken = {address_of(n) for n in hosts.running()} - set(addresses.values())
         for name in names:
             state = hosts.HostState.load(name)
             if hosts.is_running(state) and not state.owned_by(root):
@@ -157,7 +157,7 @@ def down(root: Path | None = None, log=print, everything: bool = False, only=Non
         if not hosts.running():
             problems += _remove_shared_debris()
         if root is not None:
-            left = {n: hosts.HostState.load(n).address for n in hosts.running(root)}
+            left = {n: address_of(n) for n in hosts.running(root)}
             inventory.write(root, left) if left else inventory.remove(root)
     return problems
 
@@ -189,10 +189,11 @@ def status(root: Path | None = None) -> list[dict]:
     rows = []
     for name in hosts.known():
         state = hosts.HostState.load(name)
+        running = hosts.is_running(state)
         row = {"host": name, "address": state.address if state else "?",
                "profile": state.profile if state else "?", "sglang": state.version if state else "?",
-               "running": hosts.is_running(state), "ssh": None, "service": None}
-        if row["running"] and root is not None:
+               "running": running, "ssh": None, "service": None}
+        if running and state is not None and root is not None:
             try:
                 r = ssh.run(root, state.address, "systemctl is-active sglang-qwen.service", timeout=5)
                 row["ssh"] = r.returncode in (0, 3)

@@ -8,12 +8,14 @@ machine does nothing here and prints nothing; a cold one prints one line per sta
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from fleetspec.errors import UserError
 from fleetspec.lab import envs, image
@@ -25,29 +27,32 @@ def _quiet(_line: str) -> None:
     pass
 
 
-def stages() -> list[list[tuple[str, object]]]:
+Lane = list[tuple[str, Callable[[], bool]]]
+
+
+def stages() -> list[Lane]:
     """Lanes of (name, step); a lane's steps run in order, the lanes side by side (after the
     first, which the others need). Each step returns True when it did work (a cold stage)."""
-    first: list[tuple[str, object]] = [
+    first: Lane = [
         ("download", lambda: envs.download_wheels() > 0),
         ("patch sets", build_patchsets),
     ]
-    image_lane: list[tuple[str, object]] = [
+    image_lane: Lane = [
         ("rootfs", lambda: image.ensure_rootfs(_quiet)),
         ("base image", lambda: image.ensure_base(_quiet)),
         ("package layer", lambda: image.ensure_packages(_quiet)),
     ]
     for version in envs.SGLANG_VERSIONS:
-        image_lane.append((f"layer sglang {version}", lambda v=version: image.ensure_layer(v, _quiet)))
-    local_lane: list[tuple[str, object]] = [
-        (f"local env sglang {version}", lambda v=version: envs.local_env_built(v)) for version in envs.SGLANG_VERSIONS]
+        image_lane.append((f"layer sglang {version}", functools.partial(image.ensure_layer, version, _quiet)))
+    local_lane: Lane = [
+        (f"local env sglang {version}", functools.partial(envs.local_env_built, version)) for version in envs.SGLANG_VERSIONS]
     local_lane.append(("kernels", build_kernels))
     if os.environ.get("FLEETSPEC_CUDA_BUILD") == "1":
         local_lane.append(("cuda kernels", build_cuda_kernels))
     return [first, image_lane, local_lane]
 
 
-def _run_lane(lane: list[tuple[str, object]]) -> tuple[bool, str | None]:
+def _run_lane(lane: Lane) -> tuple[bool, str | None]:
     """(did any work, the first failure's line or None); stops at the first failure."""
     cold = False
     for name, step in lane:

@@ -11,8 +11,9 @@ stops at preflight, `keep` leaves it (the default; said in the plan).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fleetspec.errors import UserError
 from fleetspec.model.launch import Derived, OptionTable
@@ -25,9 +26,9 @@ GRAPH_BS_DESTS = ("cuda_graph_max_bs", "cuda_graph_max_bs_decode")
 # (server_args.py:1468-1525, memory_hook.py:95-176).
 SGLANG_DEFAULT_BS = 160
 DRAFT_TOKENS = "speculative_num_draft_tokens"
-# How many tokens per request a verify pass takes, from the flag that sets it.
-WIDTH_OF: dict[str, Callable[[str], int]] = {"speculative_ddtree_budget": lambda v: int(v) + 1,      # root + budget nodes (ddtree_utils)
-            DRAFT_TOKENS: int}
+# How many tokens per request a verify pass takes, from the value of the flag that sets it.
+WIDTH_OF: dict[str, Callable[[int], int]] = {"speculative_ddtree_budget": lambda v: v + 1,      # root + budget nodes (ddtree_utils)
+                                             DRAFT_TOKENS: lambda v: v}
 
 
 @dataclass(frozen=True)
@@ -56,17 +57,6 @@ def _values(tokens_list: Sequence[Sequence[str]], table: OptionTable) -> dict[st
     return out
 
 
-def _pairs(flags: Sequence[str]) -> list[list[str]]:
-    """A playbook's flat flag list cut into items at each option word."""
-    items: list[list[str]] = []
-    for token in flags:
-        if token.startswith("-") or not items:
-            items.append([token])
-        else:
-            items[-1].append(token)
-    return items
-
-
 def baseline_width(dropped: Sequence[Sequence[str]], table: OptionTable, algorithm: str | None) -> int | None:
     """Tokens per request the baseline verified: its num_draft_tokens; num_steps + 1 with topk 1
     (what sglang derives then); 1 without speculation (plain decode); None when unknown."""
@@ -80,17 +70,19 @@ def baseline_width(dropped: Sequence[Sequence[str]], table: OptionTable, algorit
     return None
 
 
-def new_width(flags: Sequence[str], table: OptionTable) -> int | None:
-    """Tokens per request the new launch verifies, from its flags. The patch set's own options
-    (--speculative-ddtree-budget) are not in the installed parser's table: read by their name."""
+def new_width(values: Mapping[str, Any], table: OptionTable) -> int | None:
+    """Tokens per request the new launch verifies, from its flags' values (ops/flags.Flags.values:
+    the playbook's option values as rendered from, not the text). The patch set's own options
+    (--speculative-ddtree-budget) are not in the installed parser's table: known by their name."""
     width = None
-    for tokens in _pairs(flags):
-        dest, value, _ = _item(tokens, table)
-        if dest is None and tokens[0].startswith("--"):
-            name, eq, explicit = tokens[0][2:].partition("=")
-            dest, value = name.replace("-", "_"), explicit if eq else (tokens[1] if len(tokens) > 1 else None)
-        if dest in WIDTH_OF and value is not None and value.isdigit():
-            width = WIDTH_OF[dest](value)
+    for option, value in values.items():
+        found = table.resolve(option)
+        dest = (table.options[found[0]][0] if found and found[0] and found[2] == "ok"
+                else option.lstrip("-").replace("-", "_"))
+        count = value if isinstance(value, int) and not isinstance(value, bool) else (
+            int(value) if isinstance(value, str) and value.isdigit() else None)
+        if dest in WIDTH_OF and count is not None:
+            width = WIDTH_OF[dest](count)
     return width
 
 
@@ -101,13 +93,15 @@ def _graph_option(table: OptionTable) -> str | None:
     return None
 
 
-def size(derived: Derived, table: OptionTable, policy: str, where: str) -> GraphSizing:
-    """Apply the playbook's cuda_graph policy to a derived launch (see the module docstring)."""
+def size(derived: Derived, table: OptionTable, policy: str, where: str,
+         values: Mapping[str, Any] | None = None) -> GraphSizing:
+    """Apply the playbook's cuda_graph policy to a derived launch (see the module docstring);
+    `values`: the new flags' values (new_width)."""
     option = _graph_option(table)
     kept = _values(derived.kept, table)
     if policy == "keep" or option is None or any(_item(t, table)[0] == "disable_cuda_graph" for t in derived.kept):
         return GraphSizing(derived, None)
-    wide, base = new_width(derived.added, table), baseline_width(derived.dropped, table, derived.algorithm)
+    wide, base = new_width(values or {}, table), baseline_width(derived.dropped, table, derived.algorithm)
     if wide is None:
         return GraphSizing(derived, None)
     if base is None:

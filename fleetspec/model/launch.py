@@ -26,7 +26,7 @@ from fleetspec.errors import UserError
 from fleetspec.model.option_table import DUMP_SCRIPT, TABLES, OptionTable, known_versions, load_table, parse_dump
 
 __all__ = ["ALGO_DEST", "DUMP_SCRIPT", "LAUNCH_SERVER", "SERVE", "SPEC_DEST_PREFIX", "TABLES", "Derived", "Item",
-           "LaunchForm", "LaunchRefused", "OptionTable", "algorithm_of", "classify", "derive", "known_versions",
+           "LaunchForm", "LaunchRefused", "OptionTable", "classify", "derive", "known_versions",
            "load_table", "parse_dump", "parsed_args", "serve_positional", "speculative_env", "split_items"]
 
 SPEC_DEST_PREFIX = "speculative_"
@@ -356,16 +356,6 @@ def _dest_of(table: OptionTable, name: str) -> str | None:
         return name
     found = table.resolve(name)
     return table.options[found[0]][0] if found and found[0] is not None and found[2] == "ok" else None
-
-
-def algorithm_of(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_SERVER,
-                 positional_model: bool = False) -> str | None:
-    """The speculative algorithm the operator wrote (last one wins, as with argparse)."""
-    found = None
-    for item in split_items(args, table, form=form, positional_model=positional_model):
-        if item.dest == ALGO_DEST:
-            found = item.value
-    return found
 
 
 # Speculation-only environment -------------------------------------------------------------------------

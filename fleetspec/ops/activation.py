@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetspec import render, systemd_unit
+from fleetspec import systemd_unit
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.release import Release
 from fleetspec.ops import probes
@@ -21,7 +21,7 @@ from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts.systemd import SystemdUnit
 
 
-def activate(t: TransportLike, state: HostState, release: Release, after_files=None) -> SystemdUnit:
+def activate(t: TransportLike, state: HostState, release: Release, after_files=None) -> SystemdUnit | None:
     """Point the service at `release`: files (in-place mode), drop-in renamed into place,
     `current` flipped, reload. `after_files` runs between the two (a test hook's pause point).
     Returns the unit as systemd holds it after the reload, read in the switch's own command."""
@@ -50,7 +50,7 @@ def exec_start_mismatch(shown: list, argv: list[str], prefix: str = "", path: st
     """Compare `systemctl show -p ExecStart` (facts.systemd ExecInfo list) with the command fleetspec
     rendered. systemctl joins argv[] with spaces and prints it as stored (`$$` not yet expanded),
     so the comparison is made against the same stored form of the rendered line (pure)."""
-    want = systemd_unit.parse_exec(render.exec_line(argv, prefix, path))[0]
+    want = systemd_unit.parse_exec(systemd_unit.exec_line(argv, prefix, path))[0]
     if len(shown) != 1:
         return f"systemd holds {len(shown)} ExecStart= commands (expected 1)"
     got = shown[0]

@@ -5,8 +5,7 @@ argument is kept byte for byte; the speculative group (every option whose argpar
 with speculative_ in the host version's real parser — fleetspec.model.launch) is dropped, the
 playbook's carried options (draft runtime backends) stay, and the playbook's flags, rendered for
 the host, take the group's place. `plan_launch` does that for a classified launch form;
-`derive_argv`/`split_speculative` are the prefix-based fallback used only where no parser table
-is at hand (reading an algorithm back in status).
+`speculative_algorithm_from_argv` reads an algorithm back where no parser table is at hand (status).
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from typing import Mapping, Sequence
 from fleetspec.errors import UserError
 from fleetspec.model import graphsize, launch
 from fleetspec.model.playbook import Playbook
+from fleetspec.ops.flags import Flags
 
-SPEC_PREFIX = "--speculative"
 # Shortest unambiguous prefix of --speculative-algorithm in sglang (--speculative-a is shared
 # with --speculative-accept-threshold-*).
 _ALGO_MIN = "--speculative-al"
@@ -34,41 +33,6 @@ def is_option(token: str) -> bool:
 
 def option_name(token: str) -> str:
     return token.split("=", 1)[0]
-
-
-def is_speculative(token: str) -> bool:
-    return is_option(token) and option_name(token).startswith(SPEC_PREFIX)
-
-
-def split_speculative(argv: Sequence[str]) -> tuple[list[str], list[str], int | None]:
-    """(kept, dropped, index in kept where the dropped group started, or None when none was)."""
-    kept: list[str] = []
-    dropped: list[str] = []
-    at: int | None = None
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if i > 0 and is_speculative(token):
-            if at is None:
-                at = len(kept)
-            dropped.append(token)
-            i += 1
-            if "=" not in token:
-                while i < len(argv) and not is_option(argv[i]):
-                    dropped.append(argv[i])
-                    i += 1
-            continue
-        kept.append(token)
-        i += 1
-    return kept, dropped, at
-
-
-def derive_argv(baseline: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """Baseline argv with its speculative group replaced by `flags` (at the same place, or at
-    the end when the baseline had none)."""
-    kept, _, at = split_speculative(baseline)
-    at = len(kept) if at is None else at
-    return [*kept[:at], *flags, *kept[at:]]
 
 
 def speculative_algorithm_from_argv(argv: Sequence[str]) -> str | None:
@@ -119,16 +83,16 @@ def classify_or_refuse(command, where: str) -> launch.LaunchForm:
         raise UserError(f"{where}: {err}") from None
 
 
-def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Sequence[str], playbook: Playbook,
+def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,
                 version: str, environment: Mapping[str, str], where: str) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
     speculation-only environment. Refusals name the host and service (exit 2)."""
     try:
-        derived = launch.derive(form, table, flags, carry=playbook.launch.carry, drop=playbook.launch.drop,
+        derived = launch.derive(form, table, flags.argv, carry=playbook.launch.carry, drop=playbook.launch.drop,
                                 version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
-    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where)
+    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values)
     derived = sized.derived
     keep = set(playbook.launch.env_keep)
     head_env = [a.split("=", 1)[0] for a in form.env_assignments]

@@ -18,6 +18,7 @@ from fleetspec.model.baseline import Baseline, recorded_environment
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.ledger import actor
 from fleetspec.ops import argv as argv_ops
+from fleetspec.ops.argv import LaunchPlan
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.preflight_checks import effective_argv, gather_unit, read_unit_files
 from fleetspec.ops.redaction import secret_refs
@@ -60,6 +61,7 @@ class _View:
         self.host, self.unit, self.unit_bytes, self.dropins, self.exec_argv = host, unit, unit_bytes, dropins, exec_argv
         self.service, self.python = host.vars.service, host.vars.python
         self.sglang = None
+        self.launch: LaunchPlan | None = None
 
 
 def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
@@ -72,13 +74,14 @@ def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
     except (RemoteError, ValueError):
         pass
     return Baseline(
-        service=pf.service, unit_path=pf.unit.fragment_path, unit_bytes=pf.unit_bytes, dropins=pf.dropins,
+        service=pf.service, unit_path=pf.unit.fragment_path or "", unit_bytes=pf.unit_bytes, dropins=pf.dropins,
         exec_argv=pf.exec_argv,
-        environment=recorded_environment(pf.unit_bytes, pf.dropins, *secret_refs(pf.host, getattr(pf, "playbook", None))),
+        environment=dict[str, str | None](recorded_environment(pf.unit_bytes, pf.dropins,
+                                                              *secret_refs(pf.host, getattr(pf, "playbook", None)))),
         sglang={"version": pf.sglang.version, "site_packages": pf.sglang.site_packages,
                 "python": pf.python, "drift": list(pf.sglang.drift)},
         served_algorithm=served,
-        declared_algorithm=(pf.launch.derived.algorithm if getattr(pf, "launch", None)
+        declared_algorithm=(pf.launch.derived.algorithm if pf.launch is not None
                             else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
         taken_at=time.time(), taken_by=actor(),
     )

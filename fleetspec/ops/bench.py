@@ -14,7 +14,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.playbook import load_playbook_for
 from fleetspec.ops import gates
-from fleetspec.ops.deploy import Deploy, DeployRequest
+from fleetspec.ops.deploy import DeployRequest, deploy
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.rollback import rollback
 
@@ -40,7 +40,7 @@ def bench_host(t, host, root, runs: list[tuple[str, dict]], *, concurrency=(1, 4
             playbook = load_playbook_for(root, algo)
             row = BenchRow(host.name, algo, options)
             req = DeployRequest(host=host, playbook=playbook, root=root, options=options, run_gates=False, prune=False)
-            outcome = Deploy(t, req, echo=echo, progress=progress).run()
+            outcome = deploy(t, req, echo=echo, progress=progress)
             if outcome.release:
                 made.append(outcome.release)
             if outcome.status != "healthy":

@@ -1,7 +1,8 @@
 """`fleetspec deploy HOST --algo ALGO`: put an algo on one host's service, prove it, or put it back.
 
-Read `Deploy.run` first: it is the whole operation as a list of named steps. Every step is written
-to the host's ledger before it runs and after it ends. Nothing on the host changes before `lock`;
+Read `Deploy.run` first: it runs ops/steps.py's STEPS in order, each by its method in `Deploy.work`.
+`deploy()` makes a Deploy from what preflight found. Every step is written to the host's ledger
+before it runs and after it ends. Nothing on the host changes before `lock`;
 any failure after `switch` reverts to the previous good state (`_revert`), which is itself probed.
 """
 
@@ -15,7 +16,7 @@ from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE, Release, new_release_id
-from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging
+from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging, steps
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
@@ -28,59 +29,57 @@ from fleetspec.remote.lock import LockLost, RemoteLock
 from fleetspec.remote.systemd import UnitStream
 
 
+def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
+           progress: Callable[[str | None], None] = lambda line: None) -> DeployOutcome:
+    """Preflight (read-only; refuses bad input before the host is touched), then the deploy it decided."""
+    pf = preflight_mod.run(t, req, echo, progress)
+    return Deploy(t, req, pf, echo, progress).run()
+
+
 class Deploy:
-    def __init__(self, t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
+    def __init__(self, t: TransportLike, req: DeployRequest, pf: Preflight, echo: Callable[[str], None] = print,
                  progress: Callable[[str | None], None] = lambda line: None):
-        self.t, self.req, self.echo, self.progress = t, req, echo, progress
+        self.t, self.req, self.pf = t, req, pf
+        self.echo: Callable[[str], None] = lambda line: echo(pf.redact(line))        # no secret on the terminal …
+        self.progress: Callable[[str | None], None] = lambda line: progress(pf.redact(line) if line else line)
         self.host = req.host
         self.service = req.host.vars.service
         self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
+        self.state.redact = pf.redact                                               # … nor in the ledger
         self.t = self.state.carrier()      # each command carries the deferred ledger lines
         self.release_id = req.release_id or new_release_id(req.playbook.algo)
         self.reuse_staged = req.release_id is not None   # a prestaged or staged-ahead release, taken if as planned
         self.started = time.monotonic()
         self.engine_wait = 0.0
         self.step_seconds: dict[str, float] = {}
+        self.current_step = "preflight"
         self.switched = False
-        self.pf: Preflight | None = None
         self.release: Release | None = None
         self.smoke_run: smoke_run.SmokeRun | None = None        # started by stage, read by smoke
         self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
-        self.smoke_first = req.playbook.smoke.when == "before-switch"   # else beside-load
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
+        self.work: dict[str, Callable[[], dict | None]] = {
+            "preflight": self._record_preflight, "baseline": self._baseline, "stage": self._stage,
+            "render": self._render, "measure": self._measure_before, "smoke": self._smoke, "switch": self._switch,
+            "restart": self._restart, "probes": self._probes, "gates": self._gates, "commit": self._commit}
 
     # The operation --------------------------------------------------------------------------
     def run(self) -> DeployOutcome:
-        self.pf = preflight_mod.run(self.t, self.req, self.echo, self.progress)   # read-only; refuses bad input
-        self.state.redact = self.pf.redact                              # no secret in the ledger …
-        echo, progress = self.echo, self.progress                       # … nor on the terminal
-        self.echo = lambda line: echo(self.pf.redact(line))
-        self.progress = lambda line: progress(self.pf.redact(line) if line else line)
         if self.req.plan_only:
             return self._outcome(Outcome.PLANNED, plan=planning.plan(self.t, self.pf, self.state))
         if not self.reuse_staged and self.pf.staged_ahead:
             self.release_id, self.reuse_staged = self.pf.staged_ahead, True
-            self.echo(self.pf.staged_ahead_note)
+            self.echo(self.pf.staged_ahead_note or "")
         with RemoteLock(self.state.t, str(self.state.layout.lock), release=self.release_id, note=self.echo,
                         **self.state.lock_reads) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
+            *proving, last = steps.order(self.req.playbook.smoke.when)
             try:
                 try:
-                    self.step("preflight", self._record_preflight)
-                    self.step("baseline", self._baseline)
-                    self.step("stage", self._stage)          # starts the smoke runner, detached
-                    self.step("render", self._render)
-                    self.step("measure", self._measure_before)
-                    if self.smoke_first:
-                        self.step("smoke", self._smoke)      # its verdict, while the old engine serves
-                    self.step("switch", self._switch)
-                    self.step("restart", self._restart)
-                    if not self.smoke_first:
-                        self.step("smoke", self._smoke)      # its verdict, while the new engine loads
-                    self.step("probes", self._probes)
-                    self.step("gates", self._gates)
+                    for name in proving:
+                        self.step(name, self.work[name])
                 except StepFailed as failure:
                     self._close_watch()
                     if not self.switched:
@@ -91,11 +90,18 @@ class Deploy:
                                                  command=failure.command)
                         return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                     return self._revert(failure)
-                self.step("commit", self._commit)
+                self.step(last, self.work[last])      # commit
                 planning.prune_and_unlock(self.t, self.state, lock, self.prune_old, note=self.echo)
             except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
                 return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
+
+    @property
+    def staged(self) -> Release:
+        """The release the stage step made (every step after it uses it)."""
+        if self.release is None:
+            raise FleetspecError(f"{self.host.name}: no release staged")
+        return self.release
 
     # Step machinery -------------------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], dict | None]) -> None:
@@ -217,7 +223,7 @@ class Deploy:
             self.echo(f"[{self.host.name}] note: could not stop the smoke runner: {err}")
 
     def _render(self) -> dict:
-        return rendering.render_release(self.t, self.pf, self.state, self.release)
+        return rendering.render_release(self.t, self.pf, self.state, self.staged)
 
     def _measure_before(self) -> dict:
         """The same host's figures on what it serves now, for the gates to compare against."""
@@ -240,12 +246,12 @@ class Deploy:
         self.state.defer(mark)
         hook = (lambda: self._pause("switch.files")) if self.req.pause_at == "switch.files" else None
         try:
-            unit = activation.activate(self.t, self.state, self.release, after_files=hook)
+            unit = activation.activate(self.t, self.state, self.staged, after_files=hook)
         finally:
             self.switched = self.state.was_sent(mark)
             if not self.switched:
                 self.state.discard(mark)          # nothing was changed: the ledger must not say so
-        mismatch = activation.loaded_exec_start_mismatch(self.t, self.service, self.release, unit)
+        mismatch = activation.loaded_exec_start_mismatch(self.t, self.service, self.staged, unit)
         if mismatch:   # an admin drop-in wins over ours: never restart onto the old command
             raise StepFailed("switch", f"after daemon-reload systemd does not hold the derived ExecStart ({mismatch}); "
                                        f"an admin drop-in probably overrides fleetspec's {self.state.dropin}")
@@ -306,6 +312,8 @@ class Deploy:
         try:
             self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
                                            to=self.previous or BASELINE))
+            if self.pf.baseline is None:          # the switch comes after the baseline step
+                raise FleetspecError(f"{self.host.name}: no baseline to revert to")
             result = activation.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
                                          self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
@@ -326,7 +334,7 @@ class Deploy:
     def _lost(self, err: FleetspecError) -> DeployOutcome:
         """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
         After the switch it may run an unproven release: exit 3 with the command that finishes it."""
-        where = getattr(err, "charged_step", None) or getattr(self, "current_step", "preflight")
+        where = err.charged_step or self.current_step
         if isinstance(err, LockLost):
             # Someone else may act on the host now: no revert, no ledger line, nothing more from us.
             self.echo(f"[{self.host.name}] {err}")
@@ -367,8 +375,7 @@ class Deploy:
         out.revert_wait_s = round(getattr(self, "revert_wait", 0.0), 2)
         out.previous = (self.previous or BASELINE) if getattr(self, "previous_known", False) else None
         out.kernel = dict(getattr(self, "kernel", {}))
-        if self.pf is not None:
-            out.reason = self.pf.redact(out.reason)
-            out.evidence = json.loads(self.pf.redact(json.dumps(out.evidence, default=str)))
+        out.reason = self.pf.redact(out.reason)
+        out.evidence = json.loads(self.pf.redact(json.dumps(out.evidence, default=str)))
         return out
 

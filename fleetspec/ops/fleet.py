@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fleetspec.errors import FleetspecError, UserError
-from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest
+from fleetspec.ops.deploy import DeployOutcome, DeployRequest, deploy
 from fleetspec.ops.outcome import Outcome, StepFailed
 
 Connect = Callable[[Any], Any]   # host -> its transport (the command's pool keeps one per host)
@@ -71,20 +71,21 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
         req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
                             options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id,
                             allow_unhealthy=allow_unhealthy)
-        return Deploy(connect(host), req, echo=echo, progress=progress).run()
+        return deploy(connect(host), req, echo=echo, progress=progress)
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
 
 
 def _error_outcome(host, err: FleetspecError, echo) -> DeployOutcome:
     """A host's error as its outcome (refused: bad input, exit 2; needs_attention: exit 3; else failed)."""
-    status = "refused" if isinstance(err, UserError) else "needs_attention" if err.exit_code == 3 else "failed"
+    status = (Outcome.REFUSED if isinstance(err, UserError) else Outcome.NEEDS_ATTENTION if err.exit_code == 3
+              else Outcome.FAILED)
     if status != "refused":
         echo(f"[{host.name}] {status}: {err}")
     out = DeployOutcome(host.name, status, reason=str(err), exit_code=err.exit_code)
     if isinstance(err, StepFailed):
         out.failed_step = err.step
-    if getattr(err, "command", None):
+    if err.command:
         out.evidence["command"] = err.command
     return out
 
@@ -133,8 +134,8 @@ def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options,
     if not (strategy.prestage and later):
         return None, {}
     pool = ThreadPoolExecutor(max_workers=min(len(later), strategy.parallel or len(later)), thread_name_prefix="prestage")
-    futures = {h.name: pool.submit(lambda h=h: prestage(connect(h), DeployRequest(host=h, playbook=playbook, root=root,
-                                                                                  mode=mode, options=options), echo))
+    futures = {h.name: pool.submit(prestage, connect(h), DeployRequest(host=h, playbook=playbook, root=root,
+                                                                       mode=mode, options=options), echo)
                for h in later}
     return pool, futures
 
@@ -179,7 +180,7 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
         pre_pool.shutdown(wait=True)        # a prestage always ends: it holds a host's lock
     skipped = [h for h in hosts if h.name not in outcomes]
     for h in skipped:
-        out = outcomes[h.name] = DeployOutcome(h.name, "skipped", reason="not started: the rollout stopped",
+        out = outcomes[h.name] = DeployOutcome(h.name, Outcome.SKIPPED, reason="not started: the rollout stopped",
                                                exit_code=1)
         left = _left_staged(prestaged.get(h.name))
         if left:

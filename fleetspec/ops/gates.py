@@ -63,7 +63,7 @@ class Measurement:
     asked: int | None = None                                  # golden prompts sent (None: unknown)
 
     def figures(self) -> dict:
-        out = {"requests_failed": len(self.errors)}
+        out: dict[str, float] = {"requests_failed": len(self.errors)}
         if self.accept_lengths:
             out["accept_length"] = round(statistics.fmean(self.accept_lengths), 3)
         for c, v in self.tokens_per_s.items():
@@ -223,7 +223,7 @@ def _acceptance(g, before, after) -> Verdict:
 
 
 def _throughput(g, before, after) -> Verdict:
-    fig = {}
+    fig: dict = {}
     if before is None:
         return Verdict("throughput", INCONCLUSIVE, "no baseline measured", fig, g.dry_run)
     worst = None
@@ -262,7 +262,7 @@ def _parity(g, before, after, hybrid: bool) -> Verdict:
         if first is not None and (max(len(want), len(got)) - first) > tolerance:
             worst = worst or (prompt, first, want[first] if first < len(want) else None,
                               got[first] if first < len(got) else None)
-    fig = {"prompts_compared": compared, "requests_failed": len(after.prompt_errors)}
+    fig: dict = {"prompts_compared": compared, "requests_failed": len(after.prompt_errors)}
     for side, m in (("baseline", before), ("release", after)):
         if m.prompt_errors:
             return Verdict("parity", INCONCLUSIVE, f"{side}: {len(m.prompt_errors)} failed or malformed answers "

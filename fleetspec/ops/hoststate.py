@@ -270,14 +270,6 @@ class HostState:
         path = self.layout.release(_release_name(release_id, self.host)) / "manifest.json"
         return files.is_file(self.io, str(path))
 
-    def dropin_bytes(self) -> bytes | None:
-        """fleetspec's drop-in as on the host now (under its current or its legacy name)."""
-        for path in (self.dropin, *legacy_dropin_paths(self.service)):
-            text = files.read_text(self.io, path)
-            if text is not None:
-                return text.encode()
-        return None
-
 
 PRELUDE_FAILED, PRELUDE_MARKER = files.PRELUDE_FAILED, files.PRELUDE_MARKER
 

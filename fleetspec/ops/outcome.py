@@ -44,6 +44,7 @@ class Outcome(StrEnum):
     REFUSED = "refused"
     NEEDS_ATTENTION = "needs_attention"
     FAILED = "failed"
+    SKIPPED = "skipped"                # a rollout stopped before this host
 
 
 @dataclass

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from fleetspec.model import ledger as L
 from fleetspec.model.names import is_name
-from fleetspec.model.release import BASELINE, Release
+from fleetspec.model.release import BASELINE
+from fleetspec.ops import steps
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.rendering import dropin_text
-from fleetspec.ops.staging import sha
+from fleetspec.ops.staging import new_release, sha
 from fleetspec.remote import ledger_files
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.lock import RemoteLock
@@ -54,32 +55,19 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
     diff = list(difflib.unified_diff([a + "\n" for a in old], [a + "\n" for a in new],
                                      f"{pf.service} ExecStart (now)", f"{pf.service} ExecStart (after)", n=2))
     previous = state.current() or BASELINE
-    fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
-                   sglang_version=pf.sglang.version, argv=new, previous=previous,
-                   exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
-                   launch=pf.launch.to_dict() if pf.launch else {})
+    fake = new_release(pf, "<new>", previous)
     return Plan(
-        host=pf.host.name, service=pf.service, sglang=pf.sglang.version,
+        host=pf.host.name, service=pf.service, sglang=pf.sglang_version,
         algo=pf.playbook.algo, expected_algorithm=pf.playbook_algorithm,
-        notes=[*pf.notes, *([pf.staged_ahead_note] if pf.staged_ahead else [])], options=dict(pf.options.values),
+        notes=[*pf.notes, *([pf.staged_ahead_note] if pf.staged_ahead_note else [])], options=dict(pf.options.values),
         execstart_diff=pf.redact("".join(diff)), dropin=pf.redact(dropin_text(pf, fake)),
         files={p: sha(b) for p, b in pf.patch_files().items()},
         kernels={n: sha(b) for n, b in pf.kernel_files().items()},
         smoke=[name for name, _, _ in pf.smoke_scripts(kernels_dir="<release>/kernels")],
         gates=pf.gate_names(), previous=previous,
-        launch=json.loads(pf.redact(json.dumps(pf.launch.to_dict()))) if pf.launch else None,
-        steps=step_order(pf.playbook.smoke.when),
+        launch=json.loads(pf.redact(json.dumps(pf.launch.to_dict()))),
+        steps=steps.plan_lines(pf.playbook.smoke.when),
     )
-
-
-def step_order(smoke_when: str) -> list[str]:
-    """The deploy's steps as --plan shows them; `ops.deploy.Deploy.run` is the order itself (the
-    lab's kill sweep, tests/lab/test_reliability_crash.py, pins it)."""
-    first = smoke_when == "before-switch"
-    return ["preflight", "lock", "baseline", "stage (smoke tests start, detached)", "render", "measure",
-            *(["smoke (their verdict)"] if first else []), "switch", "restart",
-            *([] if first else ["smoke (their verdict, beside the engine's load)"]),
-            "probes", "gates", "commit"]
 
 
 def prune_candidates(statuses: dict[str, str], current: str | None, keep: int, protect=()) -> list[str]:

@@ -14,11 +14,9 @@ from fleetspec.model import ledger as L
 from fleetspec.model.inventory import Host
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.hoststate import DROPIN_NAME, HostState, is_ours
-from fleetspec.remote import facts, files, systemd
+from fleetspec.remote import files, systemd
 from fleetspec.remote import lock as lock_mod
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import systemd as systemd_fact
-from fleetspec.remote.facts import unit_files as unit_files_fact
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.unit_files import UnitFiles
 
@@ -34,21 +32,15 @@ def gather_unit(t: TransportLike, service: str) -> SystemdUnit:
     return systemd.show(t, service)
 
 
-def gather_unit_and_files(t: TransportLike, service: str) -> tuple[SystemdUnit, UnitFiles]:
-    """The unit's state and the bytes of its files, in one round trip (no SFTP session)."""
-    unit, files_fact = facts.gather_many(t, [(systemd_fact, {"service": service}),
-                                             (unit_files_fact, {"service": service})], errors="raise")
-    return unit, files_fact
-
-
 def read_unit_files(t: TransportLike, unit: SystemdUnit,
                     files_fact: UnitFiles | None = None) -> tuple[bytes, dict[str, bytes], list[str]]:
     """The unit's and the operator's drop-ins' bytes, in systemd's order; from `files_fact` (the
     unit_files fact) where it holds them, else read over SFTP (a path the fact's shell loop split)."""
+    fragment = unit.fragment_path or ""          # read_service refused a unit without one
     have = dict(files_fact.dropins) if files_fact is not None else {}
-    if files_fact is not None and files_fact.fragment_path == unit.fragment_path and files_fact.unit_bytes is not None:
-        have[unit.fragment_path] = files_fact.unit_bytes
-    unit_bytes = have[unit.fragment_path] if unit.fragment_path in have else t.get_bytes(unit.fragment_path)
+    if files_fact is not None and files_fact.fragment_path == fragment and files_fact.unit_bytes is not None:
+        have[fragment] = files_fact.unit_bytes
+    unit_bytes = have[fragment] if fragment in have else t.get_bytes(fragment)
     dropins, texts = {}, []
     for path in unit.dropin_paths:
         if is_ours(path):
@@ -62,7 +54,7 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
 def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
     """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
     (fleetspec's own drop-in is left out by read_unit_files)."""
-    return systemd_unit.effective_exec_start(unit_bytes.decode(errors="replace"), dropin_texts)
+    return list(systemd_unit.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts).argv)
 
 
 def check_dropin_order(unit, host, service: str) -> None:
@@ -161,18 +153,16 @@ def check_templates(pf: "Preflight") -> None:
     import jinja2
 
     from fleetspec.errors import ConfigError
-    from fleetspec.model.release import BASELINE, Release
     from fleetspec.ops.rendering import dropin_text
+    from fleetspec.ops.staging import new_release
 
-    fake = Release(id="<new>", host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode="release",
-                   sglang_version=pf.sglang.version, argv=pf.new_argv, previous=BASELINE,
-                   exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
-                   launch=pf.launch.to_dict() if pf.launch else {})
+    fake = new_release(pf, "<new>")
     try:
         dropin_text(pf, fake)
     except jinja2.TemplateError as err:
         where = getattr(err, "filename", None) or str(pf.root / "templates" / "fleetspec-dropin.conf.j2")
-        line = f" line {err.lineno}" if getattr(err, "lineno", None) else ""
+        lineno = getattr(err, "lineno", None)
+        line = f" line {lineno}" if lineno else ""
         raise ConfigError(where, None, f"a template that renders ({type(err).__name__}{line}: {err})") from None
 
 

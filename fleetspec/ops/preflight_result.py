@@ -16,8 +16,8 @@ from fleetspec.model.launch import LaunchForm
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.patchset import PatchSet
 from fleetspec.model.playbook import Guard, Playbook
-from fleetspec.ops import argv as argv_ops
 from fleetspec.ops import probes, redaction
+from fleetspec.ops.argv import LaunchPlan
 from fleetspec.ops.options import ResolvedOptions
 from fleetspec.remote.facts.sglang import SglangInstall
 from fleetspec.remote.facts.systemd import SystemdUnit
@@ -38,6 +38,8 @@ class Preflight:
     unit_bytes: bytes
     dropins: dict[str, bytes]                     # admin drop-ins, fleetspec's own excluded
     exec_argv: list[str]
+    form: LaunchForm                              # the baseline ExecStart's launch form
+    launch: LaunchPlan                            # kept/dropped/carried, env verdicts
     sglang: SglangInstall
     torch: TorchInfo | None
     hybrid: bool
@@ -50,9 +52,16 @@ class Preflight:
     keep_releases: int = 3
     guard: Guard | None = None
     before: Measurement | None = None             # the service's figures before the switch (gates)
-    form: LaunchForm | None = None                # the baseline ExecStart's launch form
-    launch: argv_ops.LaunchPlan | None = None     # kept/dropped/carried, env verdicts
     staged_ahead: str | None = None               # the newest release `deploy --stage-only` left for this algo
+
+    @property
+    def sglang_version(self) -> str:
+        """The host's sglang version (preflight.run refuses a host without one)."""
+        return self.sglang.version or ""
+
+    @property
+    def site_packages(self) -> str:
+        return self.sglang.site_packages or ""
 
     @property
     def layout(self) -> HostLayout:
@@ -118,15 +127,15 @@ class Preflight:
         """Exactly what sglang's entry point hands its parser for the new argv (both forms)."""
         from fleetspec.model.launch import parsed_args
 
-        return parsed_args(self.form, self.new_argv, self.sglang.version)
+        return parsed_args(self.form, self.new_argv, self.sglang_version)
 
     @property
     def exec_prefix(self) -> str:
-        return self.form.prefix if self.form else ""
+        return self.form.prefix
 
     @property
     def exec_path(self) -> str | None:
-        return self.form.path if self.form and "@" in self.form.prefix else None
+        return self.form.path if "@" in self.form.prefix else None
 
     def environment(self, release) -> dict[str, str]:
         env = dict(self.playbook.launch.env)
@@ -154,4 +163,4 @@ class Preflight:
         return {"sglang": self.sglang.version, "torch": getattr(self.torch, "version", None),
                 "hybrid": self.hybrid, "options": dict(self.options.values), "notes": self.notes,
                 "patchset": self.patchset_name, "argv": self.new_argv,
-                "launch": self.launch.to_dict() if self.launch else None}
+                "launch": self.launch.to_dict()}

@@ -7,13 +7,12 @@ Both land in the release folder; nothing that runs changes here.
 from __future__ import annotations
 
 import functools
-import shlex
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetspec import render
+from fleetspec import render, systemd_unit
 from fleetspec.errors import FleetspecError
 from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE, Release
@@ -28,9 +27,7 @@ if TYPE_CHECKING:
 
 @functools.lru_cache(maxsize=8)
 def _env(root: Path):
-    env = render.environment(root)
-    env.filters["q"] = shlex.quote
-    return env
+    return render.environment(root)
 
 
 _COMPILING = threading.Lock()
@@ -45,20 +42,23 @@ def _template(root: Path, name: str):
 
 
 def dropin_text(pf: Preflight, release: Release) -> str:
-    env_lines = [render.environment_line(k, v) for k, v in pf.environment(release).items()]
+    env_lines = [systemd_unit.environment_line(k, v) for k, v in pf.environment(release).items()]
     for name in (release.launch or {}).get("env_dropped", []):   # speculation-only, dropped by the playbook
         env_lines.append(f"UnsetEnvironment={name}")
     if pf.playbook.launch.secret_env:   # values never in the drop-in (0644): a file only root reads
         env_lines.append(f"EnvironmentFile={pf.layout.release(release.id)}/{SECRETS_FILE}")
     return _template(pf.root, "fleetspec-dropin.conf.j2").render(
         release=release, rendered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        release_dir=str(pf.layout.release(release.id)), exec_line=render.exec_line(release.argv, release.exec_prefix, release.exec_path),
+        release_dir=str(pf.layout.release(release.id)), exec_line=systemd_unit.exec_line(release.argv, release.exec_prefix, release.exec_path),
         environment_lines=env_lines, guard=pf.guard, service_escaped=pf.service.removesuffix(".service"),
     )
 
 
 def rollback_script(pf: Preflight, state: HostState, release: Release, previous_sha256: str) -> str:
     """`previous_sha256`: the drop-in live before the switch ("" when none: back to the baseline)."""
+    baseline = pf.baseline
+    if baseline is None:
+        raise FleetspecError(f"{pf.host.name}: no baseline recorded before render")
     prev = release.previous
     prev_dir = str(state.layout.release(prev)) if prev != BASELINE else ""
     return _template(pf.root, "rollback.sh.j2").render(
@@ -73,7 +73,7 @@ def rollback_script(pf: Preflight, state: HostState, release: Release, previous_
                        if base and release.mode == "in-place"],
         remove_files=[f"{release.site_packages}/{p}" for p, base in sorted(release.base_files.items())
                       if not base and release.mode == "in-place"],
-        unit_sha256=pf.baseline.unit_sha256, unit_path=pf.baseline.unit_path,
+        unit_sha256=baseline.unit_sha256, unit_path=baseline.unit_path,
     )
 
 

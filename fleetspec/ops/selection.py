@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 from fleetspec.errors import UserError
 from fleetspec.ops.preflight_checks import check_contents
@@ -125,7 +126,7 @@ def kernel_facts(torch_facts, gpus) -> dict:
     capabilities from nvidia-smi (a CUDA build must carry code for each)."""
     from fleetspec.model.kernel import host_abi
 
-    facts = host_abi(torch_facts) if torch_facts is not None else {"torch": None}
+    facts: dict[str, Any] = host_abi(torch_facts) if torch_facts is not None else {"torch": None}
     caps = sorted({g.compute_cap for g in getattr(gpus, "gpus", []) or [] if getattr(g, "compute_cap", None)})
     if caps:
         facts["gpu_arch"] = tuple(caps)

@@ -63,9 +63,9 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
                                      on_success=stage_host.keep_verdict(run.folder) if reuse else "")
     cache = None
     if reuse:
-        site = pf.sglang.site_packages or ""
+        site = pf.site_packages
         key = verdict_key(str(rel), pf.python, command, payload, pf.patch_files(), pf.kernel_files(),
-                          site, pf.sglang.version or "")
+                          site, pf.sglang_version)
         cache = {"dir": str(state.layout.smoke_verdicts), "key": key, "roots": [site] if site else []}
     return run, stage_host.Then(run.folder, script, payload, cache)
 

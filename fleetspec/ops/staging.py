@@ -54,7 +54,7 @@ def stage(t: TransportLike, pf: Preflight, state: HostState, release_id: str, pr
         store=str(state.layout.objects), final=final,
         blobs={sha(b): b for b in [*patch_files.values(), *kernel_files.values()]},
         patch={p: sha(b) for p, b in patch_files.items()}, kernels={n: sha(b) for n, b in kernel_files.items()},
-        overlay=overlay.overlay_script(pf.sglang.site_packages, f"{tmp}/patch", f"{tmp}/overlay", pf.patchset)
+        overlay=overlay.overlay_script(pf.site_packages, f"{tmp}/patch", f"{tmp}/overlay", pf.patchset)
         if patch_files else None,
         compile=[f"overlay/{p}" for p in sorted(patch_files) if p.endswith(".py")],
         manifest=release.to_json(), secrets=env_file_text(secrets) if secrets else None,
@@ -69,17 +69,21 @@ def still_staged(state: HostState, release_id: str, ledger: L.ParsedLedger | Non
     return (ledger if ledger is not None else state.ledger()).releases().get(release_id) == L.STAGED
 
 
-def new_release(pf: Preflight, release_id: str, previous: str | None, mode: str,
-                patch_files: dict[str, bytes], kernel_files: dict[str, bytes]) -> Release:
+def new_release(pf: Preflight, release_id: str, previous: str | None = None, mode: str = "release",
+                patch_files: dict[str, bytes] | None = None, kernel_files: dict[str, bytes] | None = None) -> Release:
+    """The one way a Release is made from what preflight decided: the deploy's, and the one --plan
+    and the template check render (`<new>`). Files default to the patch set's and kernels' own."""
+    patch_files = pf.patch_files() if patch_files is None else patch_files
+    kernel_files = pf.kernel_files() if kernel_files is None else kernel_files
     return Release(
         id=release_id, host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode=mode,
-        sglang_version=pf.sglang.version, argv=pf.new_argv, previous=previous or BASELINE,
+        sglang_version=pf.sglang_version, argv=pf.new_argv, previous=previous or BASELINE,
         patchset=pf.patchset_name, files={p: sha(b) for p, b in patch_files.items()},
         kernels={n: sha(b) for n, b in kernel_files.items()}, options=dict(pf.options.values),
-        notes=list(pf.notes), site_packages=pf.sglang.site_packages,
+        notes=list(pf.notes), site_packages=pf.site_packages,
         base_files={f.path: f.base_sha256 for f in pf.patchset.files} if pf.patchset else {},
         exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
-        launch=pf.launch.to_dict() if pf.launch else {},
+        launch=pf.launch.to_dict(),
     )
 
 

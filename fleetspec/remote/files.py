@@ -70,11 +70,11 @@ def symlink_atomic(target: str, link: str) -> str:
     return f"ln -sfn -- {q(target)} {q(tmp)} && mv -Tf -- {q(tmp)} {q(link)} && {fsync(parent(link))}"
 
 
-def remove(path: str) -> str:
+def remove_script(path: str) -> str:
     return f"rm -f -- {q(path)}"
 
 
-def remove_durable(path: str) -> str:
+def remove_durable_script(path: str) -> str:
     """Remove and fsync the folder, so the file does not come back after a power cut."""
     return f"rm -f -- {q(path)} && {{ [ ! -d {q(parent(path))} ] || {fsync(parent(path))}; }}"
 
@@ -189,12 +189,6 @@ def file_modes(t: TransportLike, paths: list[str]) -> dict[str, int]:
 
 def rm_tree(t: TransportLike, path: str, timeout: float = 120, check: bool = True) -> None:
     t.run_script(f"rm -rf -- {q(path)}", timeout=timeout, check=check)
-
-
-def make_dirs(t: TransportLike, *paths: str, mode: int = 0o700, parents: bool = False) -> None:
-    """mkdir with a mode (`parents`: -p, the mode then applies to the last folder only)."""
-    flag = "-p " if parents else ""
-    t.run_script(f"mkdir {flag}-m {mode:o} -- " + " ".join(q(p) for p in paths), timeout=30, check=True)
 
 
 def make_scratch(t: TransportLike, rundir: str = RUN_DIR) -> str:

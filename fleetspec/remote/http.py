@@ -1,6 +1,7 @@
 """HTTP/1.1 to 127.0.0.1:<port> on a host, through a direct-tcpip channel of its SSH connection.
 
-A mixin of `transport.Transport` (it uses `connect` and `name`), plus the response parser.
+A part of `transport.Transport` (held as `Transport.web`; it uses the connection's `connect` and
+`name`), plus the response parser.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json as jsonlib
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.remote.api import HttpResponse
@@ -18,7 +19,10 @@ from fleetspec.remote.ssh_lib import paramiko
 
 
 class HttpOverSsh:
-    """http() for `transport.Transport`."""
+    """http() over one connection (`connect` returns its paramiko transport)."""
+
+    def __init__(self, name: str, connect: Callable[[], paramiko.Transport]):
+        self.name, self.connect = name, connect
 
     def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
              headers: dict[str, str] | None = None) -> HttpResponse:

@@ -30,7 +30,7 @@ from typing import Sequence
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.identity import controller_id
 from fleetspec.remote import files
-from fleetspec.remote.api import TransportLike
+from fleetspec.remote.api import Channel, TransportLike
 from fleetspec.remote.ssh_lib import paramiko
 
 q = shlex.quote
@@ -217,7 +217,7 @@ class RemoteLock:
         self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
                                        pid=os.getpid(), since=time.time(), release=release,
                                        controller=controller_id(), token=secrets.token_hex(16))
-        self.channel = None
+        self.channel: Channel | None = None
         self.remote_pid: int | None = None
         self._heartbeat = heartbeat
         self._stop = threading.Event()
@@ -250,10 +250,10 @@ class RemoteLock:
                         break
                     time.sleep(0.2)
                     holder = read_holder(self.t, self.lock)
-                if attempt == 1 and holder is not None and holder.dead_here():
+                if attempt == 1 and holder is not None and holder.remote_pid is not None and holder.dead_here():
                     # Its process is gone from this controller; only its orphaned session holds on.
                     self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
-                    _end_holder(self.t, self.lock, holder)
+                    _end_holder(self.t, self.lock, holder, holder.remote_pid)
                     continue
                 raise UserError(busy_message(self.t.host.name, self.lock, holder))
             raise RemoteError(f"{self.t.host.name}: could not take {self.lock}: {line or 'no answer'}")
@@ -286,9 +286,10 @@ class RemoteLock:
                 self.read_texts[name] = text
 
     def _beat(self) -> None:
-        while not self._stop.wait(heartbeat_s()):
+        channel = self.channel
+        while channel is not None and not self._stop.wait(heartbeat_s()):
             try:
-                self.channel.send(b"\n")
+                channel.send(b"\n")
             except (paramiko.SSHException, EOFError, OSError, socket.timeout):
                 return            # a dead link: the host sees the heartbeat go stale
 
@@ -299,6 +300,8 @@ class RemoteLock:
 
     def guard(self) -> str:
         """The shell check that this holding is still the lock's, for a step's own command."""
+        if self.remote_pid is None:
+            raise RuntimeError("guard() of a lock not held")
         return guard_script(self.lock, self.holder.token, self.remote_pid)
 
     def check(self, result) -> None:
@@ -362,14 +365,13 @@ def force_unlock(t: TransportLike, lock: str) -> Holder | None:
     if age <= stale_after_s():
         raise UserError(f"{t.host.name}: {lock} is held by {holder.describe()}, whose session on the host is "
                         f"still alive (heartbeat {age:.0f}s ago); not forcing it")
-    _end_holder(t, lock, holder)
+    _end_holder(t, lock, holder, int(holder.remote_pid))
     return holder
 
 
-def _end_holder(t: TransportLike, lock: str, holder: Holder) -> None:
+def _end_holder(t: TransportLike, lock: str, holder: Holder, pid: int) -> None:
     """Kill the holder's `cat` (only that: checked by name, never a pid reused since), wait for the
     flock to free, and remove that holder's files only. A legacy plain-file record is removed too."""
-    pid = int(holder.remote_pid)
     own = ""
     if holder.token and holder.token.isalnum():
         own = f"rm -f {q(record_path(lock, holder.token))} {q(heartbeat_path(lock, holder.token))}; "

@@ -23,6 +23,29 @@ def remove_observer(fn) -> None:
         _OBSERVERS.remove(fn)
 
 
+# Observers of each new connection's route (`-v`): fn(host, text, seconds). Apart from the
+# commands' observers, which count round trips (bench/counted.py, tests): a connect is not one.
+_ROUTE_OBSERVERS: list = []
+
+
+def add_route_observer(fn) -> None:
+    """Call fn(host_name, route, seconds) when a connection is made: the route and what set it."""
+    _ROUTE_OBSERVERS.append(fn)
+
+
+def remove_route_observer(fn) -> None:
+    if fn in _ROUTE_OBSERVERS:
+        _ROUTE_OBSERVERS.remove(fn)
+
+
+def _observe_route(host: str, text: str, began: float) -> None:
+    for fn in list(_ROUTE_OBSERVERS):
+        try:
+            fn(host, text, time.monotonic() - began)
+        except Exception:  # noqa: BLE001 - a broken observer must not break a connect
+            pass
+
+
 def redact(text: str) -> str:
     """Values after secret-looking names (--api-key X, SGLANG_API_KEY=X, Authorization: …) hidden."""
     text = re.sub(r"(?i)(authorization:\s*)(?:bearer\s+|basic\s+)?[^\s'\"]+", r"\1***", text)

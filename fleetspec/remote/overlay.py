@@ -19,8 +19,6 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Mapping
 
-from fleetspec.remote.api import TransportLike
-
 q = shlex.quote
 
 
@@ -77,6 +75,3 @@ def _real_folders(package: PurePosixPath, targets: list[PurePosixPath]) -> set[P
     return real
 
 
-def build_overlay(t: TransportLike, site_packages: str, patch_dir: str, dest: str, patchset) -> None:
-    """Run overlay_script on the host (one round trip)."""
-    t.run_script(overlay_script(site_packages, patch_dir, dest, patchset), timeout=300, check=True)

@@ -20,7 +20,7 @@ from fleetspec.remote.systemd import DAEMON_RELOAD
 q = shlex.quote
 
 
-def in_place_apply(release: Release, rdir: str) -> str:
+def in_place_apply_script(release: Release, rdir: str) -> str:
     """Back up every file the patch set replaces (each copy hash-checked against the base), and
     only then replace the live files: a drifted base stops the script before any live write."""
     site = release.site_packages
@@ -38,7 +38,7 @@ def in_place_apply(release: Release, rdir: str) -> str:
     return "\n".join(lines)
 
 
-def in_place_undo(release: Release, rdir: str) -> str:
+def in_place_undo_script(release: Release, rdir: str) -> str:
     """Put the backups back (hash-checked against the base) and remove added files. A file that
     already hashes as its base is left alone, so undoing a partly applied release works too."""
     site = release.site_packages
@@ -49,17 +49,17 @@ def in_place_undo(release: Release, rdir: str) -> str:
             pristine = f"printf '%s\\n' {q(base + '  ' + live)} | sha256sum -c --quiet --status 2>/dev/null"
             lines.append(f"{pristine} || {{ {files.copy_atomic(f'{rdir}/backup/{path}', live, base)} || exit 1; }}")
         else:
-            lines.append(files.remove(live))
+            lines.append(files.remove_script(live))
         lines.append(_drop_pyc(live))
     return "\n".join(lines)
 
 
 def apply_in_place(t: TransportLike, release: Release, rdir: str) -> None:
-    t.run_script(in_place_apply(release, rdir), timeout=300, check=True)
+    t.run_script(in_place_apply_script(release, rdir), timeout=300, check=True)
 
 
 def undo_in_place(t: TransportLike, release: Release, rdir: str) -> None:
-    t.run_script(in_place_undo(release, rdir), timeout=300, check=True)
+    t.run_script(in_place_undo_script(release, rdir), timeout=300, check=True)
 
 
 def _drop_pyc(live: str) -> str:
@@ -87,7 +87,7 @@ def switch_to(t: TransportLike, dropin: str, candidates: list[str], legacy: list
         f"mkdir -p {q(str(PurePosixPath(dropin).parent))}",
         f"for src in {src}; do [ -e \"$src\" ] && break; done",
         _copy_dropin_from_var(dropin),
-        *[files.remove_durable(p) for p in legacy],
+        *[files.remove_durable_script(p) for p in legacy],
         files.symlink_atomic(rdir, current),
         DAEMON_RELOAD,
     ])
@@ -99,4 +99,4 @@ def switch_to(t: TransportLike, dropin: str, candidates: list[str], legacy: list
 
 def remove_durably(t: TransportLike, paths: list[str]) -> None:
     """Remove each path and fsync its folder, in one round trip."""
-    t.run_script(" && ".join(files.remove_durable(p) for p in paths), timeout=60, check=True)
+    t.run_script(" && ".join(files.remove_durable_script(p) for p in paths), timeout=60, check=True)

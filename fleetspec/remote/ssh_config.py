@@ -175,7 +175,7 @@ def reach(host: Host) -> Reach:
         applied.append(f"hostname {address}")
     port = int(pick("port", "port", host.port, host.port))
     user = str(pick("user", "user", host.user, host.user))
-    keys = (host.ssh_key,) if "ssh_key" in sets and host.ssh_key else ()
+    keys: tuple[Path, ...] = (host.ssh_key,) if "ssh_key" in sets and host.ssh_key else ()
     if "ssh_key" in sets and "identityfile" in got:
         kept.append("ssh_key")
     elif "ssh_key" not in sets and _keys(got):

@@ -27,11 +27,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from shlex import quote as q
-from typing import cast
 
 from fleetspec.errors import RemoteError
 from fleetspec.remote import files
-from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
+from fleetspec.remote.api import CommandResult, TransportLike
 from fleetspec.remote.exchange import Exchange, close_quietly
 
 NEED = "FLEETSPEC-STAGE-NEED"
@@ -310,7 +309,7 @@ def stage(t: TransportLike, python: str, rundir: str, plan: Plan, timeout: float
     script = files.python_c(python, PROGRAM, rundir=rundir)
     take = getattr(t, "take_prelude", None)     # a deploy's carrier: its deferred ledger lines ride here
     prelude = take() if take is not None else None
-    chan = cast(CarryingTransport, t).open_exec(script, prelude=prelude)
+    chan = t.open_exec(script, prelude=prelude)
     ex = Exchange(chan, t.name, f"stage {plan.final}", timeout)
     sent = 0
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fleetspec.errors import RemoteError
 from fleetspec.remote import facts, files
-from fleetspec.remote.api import CarryingTransport, CommandResult, TransportLike
+from fleetspec.remote.api import CommandResult, TransportLike
 from fleetspec.remote.exchange import close_quietly, drain
 from fleetspec.remote.facts import systemd as systemd_fact
 
@@ -136,7 +136,7 @@ class UnitStream:
     what arrived without waiting for the host. A prelude (ops/hoststate.py) runs before the loop;
     it is settled by the first line (the loop only starts once it succeeded) or by the end."""
 
-    def __init__(self, t: CarryingTransport, service: str, deadline_s: float, prelude=None, show: str | None = None,
+    def __init__(self, t: TransportLike, service: str, deadline_s: float, prelude=None, show: str | None = None,
                  restart: str | None = None):
         script = watch_script(service, deadline_s, show, restart)
         self.chan = t.open_exec(script, prelude=prelude) if prelude is not None else t.open_exec(script)
@@ -263,10 +263,10 @@ def verify_script(rundir: str, service: str, unit_bytes: bytes, dropin_name: str
     def enc(data: bytes) -> str:
         return f"printf %s {q(base64.b64encode(data).decode())} | base64 -d"
 
-    return verify_from(rundir, service, enc(unit_bytes), dropin_name, enc(dropin))
+    return verify_from_script(rundir, service, enc(unit_bytes), dropin_name, enc(dropin))
 
 
-def verify_from(rundir: str, service: str, unit_from: str, dropin_name: str, dropin_from: str) -> str:
+def verify_from_script(rundir: str, service: str, unit_from: str, dropin_name: str, dropin_from: str) -> str:
     """verify_script with the unit's and the drop-in's bytes printed by two shell commands
     (`unit_from`, `dropin_from`: built with shlex.quote), e.g. read from stdin or a file just written."""
     unit = f'"$s"/{q(service)}'
@@ -311,7 +311,7 @@ def write_and_verify(t: TransportLike, writes: list[tuple[str, bytes, int]], syn
         files.sha256_of(sorted(hash_paths)),
         f"{{ {steps} && {files.fsync(*sync)}; }} || exit 1",
         f"echo {WRITTEN}",
-        "(", verify_from(rundir, service, f"head -c {len(unit_bytes)}", dropin_name, f"cat -- {q(dropin_path)}"),
+        "(", verify_from_script(rundir, service, f"head -c {len(unit_bytes)}", dropin_name, f"cat -- {q(dropin_path)}"),
         ")",
     ])
     stdin = b"".join(data for _, data, _ in writes) + unit_bytes

@@ -1,6 +1,7 @@
 """File transfer over a host's SSH connection: SFTP as root, `cat` under sudo; writes atomic and durable.
 
-A mixin of `transport.Transport`: it uses the connection's `connect`, `_lock`, `_sftp`,
+A part of `transport.Transport` (held as `Transport.transfer`, as Fabric's Connection holds a
+Transfer): it keeps its own SFTP session and uses the connection's `connect`, `name`, `host`,
 `needs_sudo`, `run` and `run_script`.
 """
 
@@ -9,16 +10,28 @@ from __future__ import annotations
 import secrets
 import shlex
 import socket
+import threading
 import time
 from pathlib import PurePosixPath
+from typing import Callable
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote.api import TransportLike
 from fleetspec.remote.observe import _observe
 from fleetspec.remote.ssh_lib import paramiko
 
 
 class FileTransfer:
-    """put_bytes/get_bytes for `transport.Transport`."""
+    """put_bytes/get_bytes over one connection (`conn`; `connect` returns its paramiko transport)."""
+
+    def __init__(self, conn: TransportLike, connect: Callable[[], paramiko.Transport]):
+        self.conn, self.connect = conn, connect
+        self._lock = threading.Lock()
+        self._sftp: paramiko.SFTPClient | None = None
+
+    @property
+    def name(self) -> str:
+        return self.conn.name
 
     def _sftp_client(self) -> paramiko.SFTPClient:
         ssh = self.connect()
@@ -32,7 +45,11 @@ class FileTransfer:
 
     @property
     def io_timeout(self) -> float:
-        return float(min(self.host.command_timeout, 60))
+        return float(min(self.conn.host.command_timeout, 60))
+
+    def close(self) -> None:
+        """End the SFTP session (the connection is the caller's)."""
+        self._drop_sftp()
 
     def _drop_sftp(self) -> None:
         with self._lock:
@@ -62,10 +79,10 @@ class FileTransfer:
         folder = str(PurePosixPath(path).parent)
         rename = (f"sync -- {q(tmp)} && mv -f -- {q(tmp)} {q(path)} && sync -- {q(folder)}" if durable
                   else f"mv -f -- {q(tmp)} {q(path)}")
-        if self.needs_sudo:
+        if self.conn.needs_sudo:
             script = (f"umask 077; cat > {q(tmp)} && chmod {mode:o} {q(tmp)} && {rename} "
                       f"|| {{ rc=$?; rm -f {q(tmp)}; exit $rc; }}")
-            self.run_script(script, check=True, stdin=data)
+            self.conn.run_script(script, check=True, stdin=data)
             return
         sftp = self._sftp_client()
         try:
@@ -87,7 +104,7 @@ class FileTransfer:
                 pass
             raise RemoteError(f"{self.name}: cannot write {path}: {err}") from None
         if durable:   # SFTP has no fsync paramiko can send: one command syncs, renames and syncs the folder
-            r = self.run_script(f"{rename} || {{ rc=$?; rm -f -- {q(tmp)}; exit $rc; }}", timeout=self.io_timeout)
+            r = self.conn.run_script(f"{rename} || {{ rc=$?; rm -f -- {q(tmp)}; exit $rc; }}", timeout=self.io_timeout)
             if not r.ok:
                 raise RemoteError(f"{self.name}: cannot write {path}: {(r.stderr.strip() or f'exit {r.rc}')[:300]}")
 
@@ -102,8 +119,8 @@ class FileTransfer:
         return data
 
     def _get_bytes_inner(self, path: str) -> bytes:
-        if self.needs_sudo:
-            return self.run(["cat", "--", path], check=True).stdout_bytes
+        if self.conn.needs_sudo:
+            return self.conn.run(["cat", "--", path], check=True).stdout_bytes
         sftp = self._sftp_client()
         try:
             with sftp.open(path, "rb") as f:

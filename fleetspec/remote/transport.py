@@ -5,7 +5,8 @@ with TCP_NODELAY (Nagle cost ~40 ms per round trip). Host keys are checked again
 inventory's known_hosts (remote/hostkeys.py): an unknown key is refused unless the policy is
 accept-new or the user passed --accept-new-host-key (then it is recorded); a changed key is always
 refused. Only the connect is retried — a command is never run twice. File transfer and HTTP ride
-on the same connection (remote/transfer.py, remote/http.py).
+on the same connection: the Transport holds them (`transfer`: remote/transfer.py, `web`:
+remote/http.py), as Fabric's Connection holds its Transfer.
 """
 
 from __future__ import annotations
@@ -14,22 +15,31 @@ import shlex
 import socket
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model.inventory import Host
-from fleetspec.remote.api import CommandResult, HttpResponse, Prelude, TransportLike
+from fleetspec.remote.api import Channel, CommandResult, HttpResponse, Prelude, TransportLike
+from fleetspec.remote.become import SUDO_PROBE, become_sudo, sudo_problem
 from fleetspec.remote.exchange import Exchange, close_quietly, short
 from fleetspec.remote.hostkeys import HostKeyError, _load_keys, check_host_key, fingerprint
 from fleetspec.remote.http import HttpOverSsh
-from fleetspec.remote.observe import _observe, add_observer, redact, remove_observer
+from fleetspec.remote.observe import (
+    _observe,
+    _observe_route,
+    add_observer,
+    add_route_observer,
+    redact,
+    remove_observer,
+    remove_route_observer,
+)
 from fleetspec.remote.ssh_config import Hop, Reach, reach
 from fleetspec.remote.ssh_lib import paramiko
 from fleetspec.remote.transfer import FileTransfer
 
 __all__ = ["CommandResult", "HostKeyError", "HttpResponse", "Transport", "TransportLike", "TransportPool",
-           "add_observer", "check_host_key", "fingerprint", "redact", "remove_observer"]
-
+           "add_observer", "add_route_observer", "check_host_key", "fingerprint", "redact", "remove_observer",
+           "remove_route_observer"]
 
 
 class _Retryable(Exception):
@@ -55,7 +65,7 @@ def _prefer_aead(options: paramiko.SecurityOptions) -> None:
     options.ciphers = first + tuple(c for c in options.ciphers if c not in first)
 
 
-class Transport(FileTransfer, HttpOverSsh):
+class Transport:
     """SSH to one host (see module docstring); thread-safe for concurrent commands."""
 
     def __init__(self, host: Host, accept_new_host_key: bool = False):
@@ -65,8 +75,21 @@ class Transport(FileTransfer, HttpOverSsh):
         self._ssh: paramiko.Transport | None = None
         self._jumps: list[paramiko.Transport] = []
         self._reach: Reach | None = None
-        self._sftp: paramiko.SFTPClient | None = None
         self._access_ok = False
+        self.transfer = FileTransfer(self, self.connect)
+        self.web = HttpOverSsh(host.name, self.connect)
+
+    # ---- file transfer and HTTP (the parts this connection holds) ---------------------------
+
+    def put_bytes(self, data: bytes, path: str, mode: int = 0o644, durable: bool = True) -> None:
+        self.transfer.put_bytes(data, path, mode, durable)
+
+    def get_bytes(self, path: str) -> bytes:
+        return self.transfer.get_bytes(path)
+
+    def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
+             headers: dict[str, str] | None = None) -> HttpResponse:
+        return self.web.http(method, port, path, json, timeout, headers)
 
     # ---- connection ------------------------------------------------------------------------
 
@@ -94,7 +117,7 @@ class Transport(FileTransfer, HttpOverSsh):
             except _Retryable as err:
                 via = "".join(f" via {j}" for j in reversed(r.jumps))
                 raise RemoteError(f"{self.name}: cannot reach {r.target.address}:{r.target.port}{via}: {err}") from None
-            _observe(self.name, r.describe(), began, "connected")
+            _observe_route(self.name, r.describe(), began)
             return self._ssh
 
     def _connect_retrying(self, deadline: float) -> paramiko.Transport:
@@ -194,13 +217,13 @@ class Transport(FileTransfer, HttpOverSsh):
             self._close_locked()
 
     def _close_locked(self) -> None:
-        for thing in (self._sftp, self._ssh):
-            if thing is not None:
-                try:
-                    thing.close()
-                except Exception:  # noqa: BLE001 - closing is best effort
-                    pass
-        self._sftp = self._ssh = None
+        self.transfer.close()
+        if self._ssh is not None:
+            try:
+                self._ssh.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self._ssh = None
         self._close_jumps()
 
     def _close_jumps(self) -> None:
@@ -295,7 +318,7 @@ class Transport(FileTransfer, HttpOverSsh):
             close_quietly(chan)
         return CommandResult(shown, rc, ex.out.decode("utf-8", "replace"), ex.err.decode("utf-8", "replace"), bytes(ex.out))
 
-    def open_exec(self, script: str, prelude: Prelude | None = None):
+    def open_exec(self, script: str, prelude: Prelude | None = None) -> Channel:
         """Start a long-lived command whose stdin is our channel (the deploy lock's holder, the
         readiness watch). The caller owns the channel; closing it (or this process dying) ends
         the command. A `prelude` runs first; the caller settles it from what the command prints."""
@@ -326,37 +349,6 @@ def _give_up_on_dead_links(sock: socket.socket, connect_timeout: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
     except (AttributeError, OSError):      # not Linux: TCP's own timeouts apply
         pass
-
-
-# Root's umask over sshd, so that what sudo writes is moded as what root writes (sudo would
-# otherwise apply the user's umask, e.g. 027, to every folder and file fleetspec makes).
-SUDO_UMASK = "022"
-SUDO_PROBE = "sudo -n -- true"
-_SUDO_FIX = "fleetspec runs `sudo -n` and never types a password"
-
-
-def become_sudo(command: str) -> str:
-    """A shell command run as root through `sudo -n` (fails, never prompts, when a password is needed)."""
-    return f"sudo -n -- sh -c {shlex.quote(f'umask {SUDO_UMASK}; {command}')}"
-
-
-def sudo_problem(rc: int, output: str, user: str) -> str | None:
-    """What `sudo -n true` answered, as the operator's fix; None when it worked."""
-    if rc == 0:
-        return None
-    text = " ".join(output.split())
-    said = f" (sudo said: {text[:160]})" if text else ""
-    if rc == 127 or "not found" in text:
-        return "sudo is not installed on the host; install it or connect as root"
-    if "password is required" in text:
-        # sudo answers the same for a user with no rule at all: it asks before it looks at the rules
-        return (f"sudo asks for a password{said}: the user has no NOPASSWD rule (or no sudo rule at all) and "
-                f"{_SUDO_FIX}; give it a NOPASSWD sudoers rule "
-                f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
-    if "tty" in text:
-        return f"its sudo needs a terminal (requiretty){said}; allow it without one or connect as root"
-    return (f"the user may not use sudo{said}; give it a NOPASSWD sudoers rule "
-            f"(e.g. `{user} ALL=(root) NOPASSWD: ALL` in /etc/sudoers.d/) or connect as root")
 
 
 class TransportPool:

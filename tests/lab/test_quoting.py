@@ -1,6 +1,6 @@
 """Arguments survive fleetspec's quoting byte for byte, through real systemd 252 and a real shell.
 
-Two paths carry operator data to a host: unit files (ExecStart= words escaped by render.exec_line)
+Two paths carry operator data to a host: unit files (ExecStart= words escaped by systemd_unit.exec_line)
 and shell commands (built with shlex.quote, run by the transport). For random argument strings —
 spaces, quotes, `%`, `$`, backslashes, newlines, control characters, non-ASCII — the process on the
 host must see exactly the argv we meant, and nothing may execute.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fleetspec.model.inventory import load_inventory
 from fleetspec.remote.transport import Transport
-from fleetspec.render import exec_line
+from fleetspec.systemd_unit import exec_line
 
 pytestmark = [pytest.mark.lab]
 

@@ -17,12 +17,12 @@ import time
 
 import pytest
 
+from fleetspec.ops.steps import STEPS
 from tests.lab import reliability_lab as R
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-RELEASE_STEPS = ["preflight", "baseline", "stage", "render", "measure", "smoke", "switch",
-                 "restart", "probes", "gates", "commit"]
+RELEASE_STEPS = list(STEPS)      # the playbook's smoke.when is before-switch
 RUNNER_STARTED = {"render", "measure", "smoke"}    # stage started the smoke runner in the background
 POST_SWITCH = {"restart", "probes", "gates", "commit", "switch.files"}
 

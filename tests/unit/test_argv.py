@@ -1,11 +1,11 @@
-"""Deriving the new ExecStart from ct129's real one, and reading the algorithm back."""
+"""Reading the algorithm back from ct129's real ExecStart; resolving options and rendering flags."""
 
 import pytest
 
 from fleetspec.errors import UserError
 from fleetspec.model.overrides import parse_overrides
 from fleetspec.model.playbook import load_playbook
-from fleetspec.ops.argv import derive_argv, speculative_algorithm_from_argv, split_speculative
+from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.ops.flags import render_flags
 from fleetspec.ops.options import resolve_options
 
@@ -14,38 +14,6 @@ CT129 = ("/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/mo
          "--max-running-requests 16 --mamba-full-memory-ratio 0.5 --mamba-scheduler-strategy extra_buffer "
          "--reasoning-parser qwen3 --tool-call-parser qwen3_coder --speculative-algo NEXTN "
          "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4").split()
-NON_SPEC = CT129[:CT129.index("--speculative-algo")]
-
-
-def test_ct129_speculative_group_dropped_everything_else_kept():
-    kept, dropped, at = split_speculative(CT129)
-    assert kept == NON_SPEC
-    assert dropped == ["--speculative-algo", "NEXTN", "--speculative-num-steps", "3",
-                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-    assert at == len(NON_SPEC)
-
-
-def test_ct129_derive_puts_new_group_in_place():
-    new = ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"]
-    assert derive_argv(CT129, new) == NON_SPEC + new
-
-
-def test_derive_equals_form_and_middle_position_and_negative_values():
-    base = ["/py", "-m", "sglang.launch_server", "--speculative-algorithm=EAGLE", "--speculative-eagle-topk", "-1",
-            "--port", "30000", "--speculative-num-steps=3", "--host", "0.0.0.0"]
-    assert derive_argv(base, ["--speculative-algorithm", "X"]) == [
-        "/py", "-m", "sglang.launch_server", "--speculative-algorithm", "X", "--port", "30000", "--host", "0.0.0.0"]
-
-
-def test_derive_without_speculative_group_appends():
-    base = ["/py", "-m", "sglang.launch_server", "--port", "1"]
-    assert derive_argv(base, ["--speculative-algorithm", "X"]) == base + ["--speculative-algorithm", "X"]
-    assert derive_argv(CT129, []) == NON_SPEC
-
-
-def test_multi_value_speculative_option_dropped_whole():
-    base = ["/py", "--speculative-foo", "a", "b", "--port", "1"]
-    assert derive_argv(base, []) == ["/py", "--port", "1"]
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -91,7 +59,7 @@ def test_render_hybrid_auto_becomes_shadow_linear(ddtree):
     resolved = resolve_options(ddtree, {}, hybrid=True)
     assert resolved.values["verify"] == "shadow-linear"
     assert "hybrid" in resolved.notes[0]
-    assert render_flags(ddtree, HOST, resolved.values) == [
+    assert render_flags(ddtree, HOST, resolved.values).argv == [
         "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/root/models/Qwen3.6-27B-DFlash",
         "--speculative-ddtree-budget", "64", "--speculative-ddtree-shadow-linear"]
 
@@ -100,7 +68,7 @@ def test_render_pure_attention_auto_becomes_tree_and_overrides_are_typed(ddtree)
     overrides = parse_overrides(ddtree, ["budget=32", "trace=yes", "ratio=0.25"])
     assert overrides == {"budget": 32, "trace": True, "ratio": 0.25}
     resolved = resolve_options(ddtree, overrides, hybrid=False)
-    flags = render_flags(ddtree, HOST, resolved.values)
+    flags = render_flags(ddtree, HOST, resolved.values).argv
     assert resolved.values["verify"] == "tree"
     assert "--speculative-ddtree-shadow-linear" not in flags
     assert flags[-1] == "--speculative-ddtree-trace" and "32" in flags

@@ -49,19 +49,17 @@ def t(sshd, ssh_client_key, inventory_writer, tmp_path):
 
 def test_a_deploy_outcome_names_the_release_the_host_was_on(t, tmp_path, monkeypatch):
     """What the fleet returns to comes from the host: `current` as the locked baseline step read it."""
-    from fleetspec.ops import deploy as deploy_mod
 
     unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
     pf = SimpleNamespace(staged_ahead=None, unit_bytes=unit, dropins={}, redact=lambda text: text, summary=lambda: {}, baseline=None,
                          playbook=None)
-    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
 
     def stage(self):
         raise StepFailed("stage", "stopped here by the test")
     monkeypatch.setattr(Deploy, "_stage", stage)
     host = t.host
     d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path),
-               echo=lambda line: None)
+               pf, echo=lambda line: None)
     d.state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
     d.state.write_baseline(Baseline(service="svc.service", unit_path="/etc/systemd/system/svc.service",
                                     unit_bytes=unit, dropins={}, exec_argv=[], environment={}, sglang={},

@@ -18,6 +18,8 @@ CORPUS = yaml.safe_load((ROOT / "tests" / "fixtures" / "execstart_corpus.yaml").
 WITH_FLAG = [c for c in CORPUS if "--cuda-graph-max-bs" in c["unit"] and c["expect"] == "moved"]
 DDTREE = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/draft",
           "--speculative-ddtree-budget", "64", "--speculative-ddtree-topk-cap", "8"]
+VALUES = {"--speculative-algorithm": "DDTREE", "--speculative-draft-model-path": "/models/draft",
+          "--speculative-ddtree-budget": 64, "--speculative-ddtree-topk-cap": 8}     # render_flags' values
 T13 = launch.load_table("0.5.13.post1")
 T23 = launch.load_table("0.5.23")
 
@@ -47,7 +49,7 @@ def test_corpus_graph_sizes_keep_verify_tokens_within_the_baseline(case):
     before_bs = value_of(argv, "--cuda-graph-max-bs")
     width = graphsize.baseline_width(d.dropped, T13, d.algorithm)
     assert width is not None, case["id"]
-    sized = graphsize.size(d, T13, "rescale", "h: svc")
+    sized = graphsize.size(d, T13, "rescale", "h: svc", VALUES)
     after_bs = value_of(sized.derived.argv, "--cuda-graph-max-bs")
     assert after_bs * 65 <= max(before_bs * width, 65)
     assert after_bs <= before_bs and after_bs >= 1
@@ -67,13 +69,13 @@ NEXTN = ["/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"
 def test_rescale_of_an_explicit_max_bs_in_both_spellings():
     for spelled in (["--cuda-graph-max-bs", "128"], ["--cuda-graph-max-bs=128"]):
         argv = NEXTN[:5] + spelled + NEXTN[5:]
-        sized = graphsize.size(derive(argv, T13), T13, "rescale", "h: svc")
+        sized = graphsize.size(derive(argv, T13), T13, "rescale", "h: svc", VALUES)
         assert value_of(sized.derived.argv, "--cuda-graph-max-bs") == 128 * 4 // 65
         assert sized.derived.argv[:5] == argv[:5] and "-> 7" in sized.note
 
 
 def test_absent_max_bs_rescales_sglangs_default_and_adds_the_flag():
-    sized = graphsize.size(derive(NEXTN, T13), T13, "rescale", "h: svc")
+    sized = graphsize.size(derive(NEXTN, T13), T13, "rescale", "h: svc", VALUES)
     assert sized.derived.added[-2:] == ["--cuda-graph-max-bs", str(160 * 4 // 65)]
     assert "sglang default" in sized.note
 
@@ -86,7 +88,7 @@ def test_num_steps_with_topk_1_gives_the_width_sglang_derives():
 
 def test_0_5_23_sizes_the_decode_graph_option():
     argv = NEXTN + ["--cuda-graph-max-bs-decode", "256"]
-    sized = graphsize.size(derive(argv, T23), T23, "rescale", "h: svc")
+    sized = graphsize.size(derive(argv, T23), T23, "rescale", "h: svc", VALUES)
     assert value_of(sized.derived.argv, "--cuda-graph-max-bs-decode") == 256 * 4 // 65
 
 
@@ -94,18 +96,30 @@ def test_refuse_is_one_line_naming_the_option_and_keep_changes_nothing():
     argv = NEXTN + ["--cuda-graph-max-bs", "128"]
     d = derive(argv, T13)
     with pytest.raises(UserError) as err:
-        graphsize.size(d, T13, "refuse", "ct1: sglang.service")
+        graphsize.size(d, T13, "refuse", "ct1: sglang.service", VALUES)
     assert str(err.value).startswith("ct1: sglang.service: --cuda-graph-max-bs 128") and "\n" not in str(err.value)
-    assert graphsize.size(d, T13, "keep", "x").derived == d
+    assert graphsize.size(d, T13, "keep", "x", VALUES).derived == d
 
 
 def test_no_change_when_graphs_are_off_or_the_width_is_unknown():
-    off = graphsize.size(derive(NEXTN + ["--disable-cuda-graph"], T13), T13, "rescale", "x")
+    off = graphsize.size(derive(NEXTN + ["--disable-cuda-graph"], T13), T13, "rescale", "x", VALUES)
     assert off.note is None and "--cuda-graph-max-bs" not in off.derived.argv
     unknown = NEXTN[:5] + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "8", "--cuda-graph-max-bs", "8"]
-    sized = graphsize.size(derive(unknown, T13), T13, "rescale", "x")
+    sized = graphsize.size(derive(unknown, T13), T13, "rescale", "x", VALUES)
     assert value_of(sized.derived.argv, "--cuda-graph-max-bs") == 8 and "unknown" in sized.note
 
 
-def test_the_ddtree_playbook_rescales():
-    assert load_playbook(ROOT / "playbooks" / "ddtree.yaml").launch.cuda_graph == "rescale"
+def test_the_ddtree_playbook_rescales_from_the_budgets_value():
+    """The width comes from the option's value as the playbook rendered it (an int), not from the
+    rendered text parsed back."""
+    from fleetspec.ops.flags import render_flags
+
+    ddtree = load_playbook(ROOT / "playbooks" / "ddtree.yaml")
+    assert ddtree.launch.cuda_graph == "rescale"
+    flags = render_flags(ddtree, {"draft_model_path": "/models/draft"},
+                         {"budget": 32, "topk_cap": 8, "verify": "tree"})
+    assert flags.values["--speculative-ddtree-budget"] == 32 and type(flags.values["--speculative-ddtree-budget"]) is int
+    assert graphsize.new_width(flags.values, T13) == 33 and graphsize.new_width({}, T13) is None
+    sized = graphsize.size(derive(NEXTN + ["--cuda-graph-max-bs", "128"], T13, flags.argv), T13, "rescale", "x",
+                           flags.values)
+    assert value_of(sized.derived.argv, "--cuda-graph-max-bs") == 128 * 4 // 33

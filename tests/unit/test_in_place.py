@@ -7,7 +7,7 @@ import hashlib
 import subprocess
 
 from fleetspec.model.release import Release
-from fleetspec.remote.release_files import in_place_apply, in_place_undo
+from fleetspec.remote.release_files import in_place_apply_script, in_place_undo_script
 
 
 def sha(b: bytes) -> str:
@@ -43,13 +43,13 @@ def sh(script):
 def test_apply_then_undo_is_byte_exact(tmp_path):
     site, rdir, release = setup(tmp_path)
     before = tree(site)
-    assert sh(in_place_apply(release, str(rdir))).returncode == 0
+    assert sh(in_place_apply_script(release, str(rdir))).returncode == 0
     after = tree(site)
     assert after["sglang/srt/speculative/spec_info.py"] == b"BASE = 2  # patched\n"
     assert "sglang/srt/speculative/ddtree_utils.py" in after
     assert not any(k.endswith(".pyc") for k in after)            # stale bytecode can't shadow the patch
     assert (rdir / "backup/sglang/srt/speculative/spec_info.py").read_bytes() == b"BASE = 1\n"
-    assert sh(in_place_undo(release, str(rdir))).returncode == 0
+    assert sh(in_place_undo_script(release, str(rdir))).returncode == 0
     restored = tree(site)
     assert restored == {k: v for k, v in before.items() if not k.endswith(".pyc")}
 
@@ -58,13 +58,13 @@ def test_apply_refuses_a_drifted_base_and_changes_nothing(tmp_path):
     site, rdir, release = setup(tmp_path)
     (site / "sglang/srt/speculative/spec_info.py").write_bytes(b"EDITED BY HAND\n")
     before = tree(site)
-    r = sh(in_place_apply(release, str(rdir)))
+    r = sh(in_place_apply_script(release, str(rdir)))
     assert r.returncode != 0
     assert tree(site) == before
 
 
 def test_reapply_keeps_the_first_backup(tmp_path):
     site, rdir, release = setup(tmp_path)
-    assert sh(in_place_apply(release, str(rdir))).returncode == 0
-    assert sh(in_place_apply(release, str(rdir))).returncode == 0     # e.g. rollback --to this release
+    assert sh(in_place_apply_script(release, str(rdir))).returncode == 0
+    assert sh(in_place_apply_script(release, str(rdir))).returncode == 0     # e.g. rollback --to this release
     assert (rdir / "backup/sglang/srt/speculative/spec_info.py").read_bytes() == b"BASE = 1\n"

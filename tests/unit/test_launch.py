@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from fleetspec import render, systemd_unit
+from fleetspec import systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import launch
 from fleetspec.model.playbook import load_playbook
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops.activation import exec_start_mismatch
+from fleetspec.ops.flags import Flags
 from fleetspec.ops.hoststate import DROPIN_NAME, is_ours, sorts_after_ours
 from fleetspec.remote.facts import systemd as systemd_fact
 
@@ -152,14 +153,14 @@ def test_prefixes_round_trip(prefix):
     argv = ["sglang-r1" if "@" in prefix else PY, "-m", "sglang.launch_server", "--served-model-name", "a b$c%d",
             "--model-path", "/m"]
     path = PY if "@" in prefix else None
-    line = render.exec_line(argv, prefix, path)
+    line = systemd_unit.exec_line(argv, prefix, path)
     assert line.startswith(prefix + (PY if path else argv[0]))
     back = systemd_unit.effective_exec_command(f"[Service]\nExecStart={line}\n")
     assert back.flags == prefix and back.path == PY and list(back.argv) == argv
 
 
 def test_at_line_keeps_path_and_argv0():
-    line = render.exec_line(["sglang-r1", "-m", "sglang.launch_server"], "-@", "/opt/venv/bin/python")
+    line = systemd_unit.exec_line(["sglang-r1", "-m", "sglang.launch_server"], "-@", "/opt/venv/bin/python")
     assert line == "-@/opt/venv/bin/python sglang-r1 -m sglang.launch_server"
 
 
@@ -167,7 +168,7 @@ def test_colon_prefix_keeps_dollar_as_written():
     unit = "[Service]\nExecStart=:/opt/venv/bin/python -m sglang.launch_server --served-model-name q$$x --model-path $HOME\n"
     cmd = systemd_unit.effective_exec_command(unit)
     assert cmd.argv[-3:] == ("q$$x", "--model-path", "$HOME")    # no expansion under ':'
-    assert systemd_unit.effective_exec_command(f"[Service]\nExecStart={render.exec_line(cmd.argv, ':')}\n") == cmd
+    assert systemd_unit.effective_exec_command(f"[Service]\nExecStart={systemd_unit.exec_line(cmd.argv, ':')}\n") == cmd
 
 
 # Drop-in order and the check after daemon-reload -------------------------------------------------------
@@ -196,7 +197,7 @@ def test_speculation_only_environment_is_listed_and_unset(tmp_path):
     playbook = load_playbook(__import__("pathlib").Path(__file__).parents[2] / "playbooks" / "ddtree.yaml")
     f = form(f"{PY} -m sglang.launch_server --model-path m --speculative-algorithm EAGLE")
     env = {"SGLANG_ENABLE_SPEC_V2": "1", "SGLANG_SIMULATE_ACC_LEN": "3", "HF_HOME": "/h", "SGLANG_DDTREE_LOG": "1"}
-    plan = argv_ops.plan_launch(f, T23, FLAGS, playbook, "0.5.23", env, "h: s")
+    plan = argv_ops.plan_launch(f, T23, Flags(FLAGS), playbook, "0.5.23", env, "h: s")
     assert set(plan.env_dropped) == {"SGLANG_ENABLE_SPEC_V2", "SGLANG_SIMULATE_ACC_LEN"}
     assert plan.env_kept == ("SGLANG_DDTREE_LOG",)          # the playbook sets it itself
     assert plan.simulated == ("SGLANG_SIMULATE_ACC_LEN",)
@@ -205,7 +206,7 @@ def test_speculation_only_environment_is_listed_and_unset(tmp_path):
     assert d["dropped"] == [["--speculative-algorithm", "EAGLE"]] and d["added"] == FLAGS and d["form"]
     g = form(f"/usr/bin/env SGLANG_ENABLE_SPEC_V2=1 {PY} -m sglang.launch_server --model-path m")
     with pytest.raises(UserError, match="through `env`"):
-        argv_ops.plan_launch(g, T23, FLAGS, playbook, "0.5.23", {}, "h: s")
+        argv_ops.plan_launch(g, T23, Flags(FLAGS), playbook, "0.5.23", {}, "h: s")
 
 
 def _preflight(form_, new_argv, launch_dict):
@@ -220,7 +221,7 @@ def _preflight(form_, new_argv, launch_dict):
     pf = Preflight(host=SimpleNamespace(name="h"), root=root, playbook=playbook, service="sglang-x.service",
                    python=PY, unit=None, unit_bytes=b"", dropins={}, exec_argv=list(form_.argv),
                    sglang=SimpleNamespace(version="0.5.23"), torch=None, hybrid=False, options=None,
-                   new_argv=new_argv, patchset=None, kernels=[], form=form_)
+                   new_argv=new_argv, patchset=None, kernels=[], form=form_, launch=None)
     release = Release(id="r1", host="h", service=pf.service, algo="ddtree", mode="release", sglang_version="0.5.23",
                       argv=new_argv, previous="baseline", exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
                       launch=launch_dict)

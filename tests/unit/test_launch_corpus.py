@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetspec import render, systemd_unit
+from fleetspec import systemd_unit
 from fleetspec.lab.envs import SGLANG_VERSIONS
 from fleetspec.model import launch
 
@@ -147,7 +147,7 @@ def test_corpus_round_trips_through_real_parser(version):
 def _check_moved(case, form, derived, before, after, reference, version):
     cid = f"{case['id']} on {version}"
     # render -> systemd's parse -> the process's argv: byte-exact, prefix and executable kept
-    line = render.exec_line(derived.argv, form.prefix, form.path if "@" in form.prefix else None)
+    line = systemd_unit.exec_line(derived.argv, form.prefix, form.path if "@" in form.prefix else None)
     back = systemd_unit.effective_exec_command(f"[Service]\nExecStart=\nExecStart={line}\n")
     assert list(back.argv) == derived.argv, cid
     assert back.flags == form.prefix and back.path == form.path, cid
@@ -198,7 +198,7 @@ def test_smoke_parses_exactly_the_entry_points_slice(version):
         pf = Preflight(host=None, root=Path("."), playbook=SimpleNamespace(smoke=SimpleNamespace(
             imports=(), parse_args=True, ddtree_sample=False, kernels=False), kernel_policy="optional"), service="s", python="p", unit=None,
             unit_bytes=b"", dropins={}, exec_argv=list(form.argv), sglang=SimpleNamespace(version=version),
-            torch=None, hybrid=False, options=None, new_argv=derived.argv, patchset=None, kernels=[], form=form)
+            torch=None, hybrid=False, options=None, new_argv=derived.argv, patchset=None, kernels=[], form=form, launch=None)
         (name, script, _), = pf.smoke_scripts(kernels_dir="/k")
         words_parsed = pf.parse_slice()
         assert " ".join(FLAGS) in " ".join(words_parsed) and words_parsed[0].startswith("--")

@@ -137,7 +137,6 @@ def test_a_deploy_whose_ledger_fails_at_the_next_steps_first_command_fails_the_s
     from fleetspec.ops import deploy as deploy_mod
 
     pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {}, staged_ahead=None)
-    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
     ran = []
 
     def baseline_step(self):
@@ -150,7 +149,7 @@ def test_a_deploy_whose_ledger_fails_at_the_next_steps_first_command_fails_the_s
     monkeypatch.setattr(deploy_mod.Deploy, "_baseline", baseline_step)
     monkeypatch.setattr(deploy_mod.Deploy, "_stage", lambda self: ran.append(self.t.run_script("echo staged")))
     req = deploy_mod.DeployRequest(host=t.host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path)
-    d = deploy_mod.Deploy(t, req, echo=lambda line: None)
+    d = deploy_mod.Deploy(t, req, pf, echo=lambda line: None)
     d.state.layout = _state(t, tmp_path).layout
     out = d.run()
     assert (out.status, out.exit_code, out.failed_step) == ("failed", 1, "baseline"), out

@@ -182,12 +182,10 @@ class _Pf:
 
 def _deploy(t, host, tmp_path, monkeypatch, pf, baseline_step=None):
     from fleetspec.ops import deploy as deploy_mod
-
-    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
     if baseline_step is not None:
         monkeypatch.setattr(deploy_mod.Deploy, "_baseline", baseline_step)
     req = deploy_mod.DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path)
-    d = deploy_mod.Deploy(t, req, echo=lambda line: None)
+    d = deploy_mod.Deploy(t, req, pf, echo=lambda line: None)
     d.state.layout = _state(t, tmp_path).layout
     return d
 

@@ -53,7 +53,7 @@ def test_full_playbook_loads(pdir):
 
 
 def test_smoke_beside_the_load_moves_its_verdict_after_the_restart(pdir):
-    from fleetspec.ops.planning import step_order
+    from fleetspec.ops.steps import plan_lines as step_order
 
     (pdir / "ddtree.yaml").write_text(FULL.replace("ddtree_sample: true}", "ddtree_sample: true, when: beside-load}"))
     pb = load_playbook_for(pdir.parent, "ddtree")

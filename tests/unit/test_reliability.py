@@ -21,7 +21,7 @@ from fleetspec.model.release import Release
 from fleetspec.remote import files
 from fleetspec.remote.facts import release_state
 from fleetspec.remote.lock import Holder
-from fleetspec.remote.release_files import in_place_apply, in_place_undo
+from fleetspec.remote.release_files import in_place_apply_script, in_place_undo_script
 
 
 def sha(b: bytes) -> str:
@@ -74,7 +74,7 @@ def _sh(script):
 def test_undo_of_a_release_killed_before_any_backup_changes_nothing(tmp_path):
     site, rdir, release, base = _setup(tmp_path)
     before = _tree(site)
-    r = _sh(in_place_undo(release, str(rdir)))          # nothing was backed up, nothing replaced
+    r = _sh(in_place_undo_script(release, str(rdir)))          # nothing was backed up, nothing replaced
     assert r.returncode == 0, r.stderr
     assert _tree(site) == before
 
@@ -82,9 +82,9 @@ def test_undo_of_a_release_killed_before_any_backup_changes_nothing(tmp_path):
 def test_undo_of_a_release_killed_halfway_through_replacing(tmp_path):
     site, rdir, release, base = _setup(tmp_path)
     before = _tree(site)
-    assert _sh(in_place_apply(release, str(rdir))).returncode == 0
+    assert _sh(in_place_apply_script(release, str(rdir))).returncode == 0
     (site / "sglang/srt/b.py").write_bytes(base["sglang/srt/b.py"])      # b.py not replaced yet
-    r = _sh(in_place_undo(release, str(rdir)))
+    r = _sh(in_place_undo_script(release, str(rdir)))
     assert r.returncode == 0, r.stderr
     assert _tree(site) == before
 
@@ -92,7 +92,7 @@ def test_undo_of_a_release_killed_halfway_through_replacing(tmp_path):
 def test_undo_never_overwrites_a_file_it_has_no_verified_backup_for(tmp_path):
     site, rdir, release, base = _setup(tmp_path)
     (site / "sglang/srt/a.py").write_bytes(b"EDITED BY HAND\n")
-    r = _sh(in_place_undo(release, str(rdir)))
+    r = _sh(in_place_undo_script(release, str(rdir)))
     assert r.returncode != 0
     assert (site / "sglang/srt/a.py").read_bytes() == b"EDITED BY HAND\n"
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetspec.render import environment, environment_line, exec_line, render_string, systemd_quote
-from fleetspec.systemd_unit import exec_start_of, expand_dollars, parse_exec
+from fleetspec.render import environment
+from fleetspec.systemd_unit import environment_line, exec_line, exec_start_of, expand_dollars, parse_exec, systemd_quote
 
 # Any text but NUL and surrogates (which cannot be written as UTF-8).
 words = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
@@ -80,4 +80,17 @@ def test_template_environment_is_strict(tmp_path):
     assert text == '[Service]\nExecStart=\nExecStart=/py "a b"\nEnvironment=A=1\n'
     import jinja2
     with pytest.raises(jinja2.UndefinedError):
-        render_string("{{ missing }}", {})
+        env.from_string("{{ missing }}").render()
+
+
+def test_the_environment_is_sandboxed(tmp_path):
+    """A template or a playbook flag reaches its data, never Python's internals."""
+    import jinja2.sandbox
+
+    env = environment(tmp_path)
+    assert isinstance(env, jinja2.sandbox.SandboxedEnvironment)
+    for text in ("{{ ''.__class__.__mro__ }}", "{{ cycler.__init__.__globals__ }}", "{{ x.__dict__ }}",
+                 "{{ x.__class__.__subclasses__() }}"):
+        with pytest.raises((jinja2.exceptions.SecurityError, jinja2.exceptions.UndefinedError)):
+            env.from_string(text).render(x=tmp_path)
+    assert env.from_string("{{ d.get('a') }} {{ 'a b' | q }}").render(d={"a": 1}) == "1 'a b'"

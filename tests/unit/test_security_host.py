@@ -404,7 +404,7 @@ _NAME_CHARS = st.characters(blacklist_characters="/\x00", blacklist_categories=(
 @given(name=st.one_of(st.sampled_from(["$(touch PWNED)", "`touch PWNED`", "-rf", "a b", "it's", "x\ny", "..."]),
                       st.text(alphabet=_NAME_CHARS, min_size=1, max_size=20)))
 def test_durable_builders_with_hostile_file_names_write_exactly_their_file(tmp_path_factory, name):
-    """copy_atomic, symlink_atomic, append_line and remove_durable, fsync steps included, run by a
+    """copy_atomic, symlink_atomic, append_line and remove_durable_script, fsync steps included, run by a
     real shell on a file named with shell metacharacters, newlines, a leading '-': each does its
     one job and nothing else appears in the folder."""
     assume(name not in (".", ".."))
@@ -414,7 +414,7 @@ def test_durable_builders_with_hostile_file_names_write_exactly_their_file(tmp_p
     (d / "r1").mkdir()
     dest, link, ledger = d / f"c-{name}", d / f"l-{name}", d / f"j-{name}"
     script = " && ".join([files.copy_atomic(str(src), str(dest)), files.symlink_atomic(str(d / "r1"), str(link)),
-                          files.append_line(str(ledger), name.replace("\n", " ")), files.remove_durable(str(src))])
+                          files.append_line(str(ledger), name.replace("\n", " ")), files.remove_durable_script(str(src))])
     r = subprocess.run(["sh", "-c", script], cwd=d, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in d.iterdir()) == sorted(["r1", dest.name, link.name, ledger.name])

@@ -81,10 +81,8 @@ def test_the_next_deploy_abandoning_a_dead_deploy_kills_its_smoke_runner(t, tmp_
 def test_a_deploy_failing_before_the_switch_kills_the_smoke_runner_it_started(t, host, tmp_path, monkeypatch):
     """render fails while the runner started by stage still runs: the deploy ends it, records the
     failure at render, and never reaches smoke or switch."""
-    import fleetspec.ops.deploy as deploy_mod
 
     pf = SimpleNamespace(redact=lambda text: text, summary=lambda: {}, python=sys.executable, staged_ahead=None)
-    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
     started = {}
 
     def stage(self):
@@ -102,7 +100,7 @@ def test_a_deploy_failing_before_the_switch_kills_the_smoke_runner_it_started(t,
     monkeypatch.setattr(Deploy, "_stage", stage)
     monkeypatch.setattr(Deploy, "_render", render)
     d = Deploy(t, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path),
-               echo=lambda line: None)
+               pf, echo=lambda line: None)
     d.state.layout = _state(t, tmp_path).layout
     out = d.run()
     assert (out.status, out.failed_step) == ("failed", "render"), out

@@ -4,12 +4,10 @@ ALIAS` through it (commands and HTTP), the inventory's own values winning, and w
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,32 +15,6 @@ import pytest
 from fleetspec.errors import ConfigError
 from fleetspec.model.inventory import load_inventory
 from fleetspec.remote.ssh_config import reach
-
-LAUNCH = "/venv/bin/python3 -m sglang.launch_server --model-path /m --speculative-algo NEXTN"
-
-
-class _ServerInfo(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):
-        body = b"" if self.path == "/health" else json.dumps(
-            {"speculative_algorithm": "EAGLE", "launch_command": LAUNCH, "version": "0.5.23"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def engine():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServerInfo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
 
 
 def _write_config(home: Path, target, jump, key: Path) -> None:
@@ -57,7 +29,7 @@ def _write_config(home: Path, target, jump, key: Path) -> None:
 
 
 @pytest.fixture
-def fleet(tmp_path, sshd_factory, ssh_client_key, engine):
+def fleet(tmp_path, sshd_factory, ssh_client_key, fake_sglang):
     """A fleet root whose inventory names only `gpu-alias`: how to reach it is ~/.ssh/config's."""
     target, jump = sshd_factory(), sshd_factory()
     home = tmp_path / "home"
@@ -69,7 +41,7 @@ def fleet(tmp_path, sshd_factory, ssh_client_key, engine):
     kh.write_text(target.known_hosts_line + jump.known_hosts_line)
     (root / "inventory" / "lab.yaml").write_text(
         f"defaults:\n  known_hosts: {kh}\n  connect_timeout: 3\n"
-        f"  vars: {{python: {sys.executable}, service: sglang-test.service, api_port: {engine}}}\n"
+        f"  vars: {{python: {sys.executable}, service: sglang-test.service, api_port: {fake_sglang}}}\n"
         "hosts:\n  gpu-alias: {}\n")
     yield root, home, target, jump
     jump.stop()

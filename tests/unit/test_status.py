@@ -1,8 +1,6 @@
 """`fleetspec status` against a fleet of real sshds on loopback, one of them stopped."""
 
-import http.server
 import json
-import threading
 import time
 
 import pytest
@@ -13,38 +11,6 @@ from fleetspec.model.inventory import load_inventory
 from fleetspec.ops.status import fleet_status
 from fleetspec.remote.transport import TransportPool
 from tests.conftest import free_port
-
-LAUNCH = ("/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/models/Qwen3.6-27B "
-          "--speculative-algo NEXTN --speculative-num-steps 3")
-
-
-class _Sglang(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):
-        if self.path == "/health":
-            body = b""
-        elif self.path == "/server_info":
-            body = json.dumps({"speculative_algorithm": "EAGLE", "launch_command": LAUNCH, "version": "0.5.23"}).encode()
-        else:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def fake_sglang():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sglang)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ Drift is what a patch set must refuse: someone edited site-packages by hand.
 from __future__ import annotations
 
 import base64
-import csv
-import io
 import json
 from dataclasses import dataclass, field
 
@@ -188,29 +186,6 @@ def parse(stdout: str, python: str = "", hash_paths: tuple[str, ...] = ()) -> Sg
         drift=sorted(data.get("drift", [])), missing=sorted(data.get("missing", [])),
         files_checked=int(data.get("files_checked", 0)), files_hashed=int(data.get("files_hashed", 0)),
         error=data.get("error"), hashes=data.get("hashes") if hash_paths else None)
-
-
-@dataclass(frozen=True)
-class RecordEntry:
-    path: str
-    sha256: str | None     # urlsafe base64 without padding, as RECORD stores it
-    size: int | None
-
-
-def parse_record(text: str) -> dict[str, RecordEntry]:
-    """A dist-info RECORD (CSV) by path; entries without a hash (RECORD itself, .pyc) keep None."""
-    out = {}
-    for row in csv.reader(io.StringIO(text)):
-        if not row:
-            continue
-        path, digest, size = (row + ["", ""])[:3]
-        sha = None
-        if digest:
-            algo, _, value = digest.partition("=")
-            if algo == "sha256":
-                sha = value
-        out[path] = RecordEntry(path, sha, int(size) if size.isdigit() else None)
-    return out
 
 
 def record_hash(data: bytes) -> str:
