@@ -24,7 +24,7 @@ from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.patchset import PatchSet
 from fleetspec.model.playbook import Guard, Playbook
 from fleetspec.ops import argv as argv_ops
-from fleetspec.ops import probes, redaction
+from fleetspec.ops import execstart, probes, redaction
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.preflight_checks import (  # noqa: F401
     MAX_PATCH_FILE,
@@ -221,7 +221,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
                         f"(vars.python in {host.inventory_path})")
     hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
     options = argv_ops.resolve_options(playbook, req.options, hybrid)
-    notes = [f"{host.name}: {n}" for n in options.notes]
+    notes = [f"{host.name}: {n}" for n in [*svc.notes, *options.notes]]
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options)
@@ -254,6 +254,7 @@ class ServiceRead:
     exec_argv: list[str]
     form: LaunchForm
     overriding: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) -> dict:
@@ -302,9 +303,10 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
         check_orphan_dropin(state, unit, host, files_fact.baseline_json)
         try:
-            command = unitfile.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
+            command = execstart.exec_command(t, unit_bytes, dropin_texts)
         except ValueError as err:
             raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
+        notes = execstart.check_variables(command, host, playbook, f"{host.name}: {service}")
         form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
         check_dropin_order(unit, host, service)
         overriding = admin_exec_start_dropins(unit, dropin_texts)
@@ -315,7 +317,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         if unit.active_state != "active":
             raise NeedsAttention(f"{host.name}: {service} is {unit.active_state} before the deploy; fleetspec only "
                                  f"moves a running service", f"ssh {host.address} systemctl status {service}")
-    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding)
+    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding, notes)
 
 
 def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceRead, version: str,

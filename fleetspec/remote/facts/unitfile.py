@@ -4,16 +4,20 @@
 so an argument holding a space cannot be told apart there; the unit file and its drop-ins are the
 exact source. This module follows load-fragment.c's config_parse_exec: words are split with
 extract_first_word(UNQUOTE|CUNESCAPE), a lone unquoted `;` separates commands (`\\;` is a literal
-`;`), leading `-@:+!` on the first word are flags, and `%%` is resolved per word; `$$` is left for
-the exec step (expand_dollars), exactly as systemd stores it.
+`;`), leading `-@:+!` on the first word are flags, and `%%` is resolved per word; `$$` and `$VARIABLES`
+are left for the exec step (facts.execenv expands them as systemd does), exactly as systemd stores it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fleetspec.errors import RemoteError
+
+if TYPE_CHECKING:
+    from fleetspec.remote.facts.execenv import EnvSource, HostEnv
 
 WHITESPACE = " \t\n\r"
 _SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
@@ -111,6 +115,7 @@ class ExecCommand:
     path: str
     argv: tuple[str, ...]
     flags: str = ""  # the prefix characters, e.g. "-" for ignore_errors
+    variables: tuple[tuple[str, EnvSource], ...] = ()   # each $VARIABLE expanded, and where its value came from
 
 
 def parse_exec(value: str, specifiers: dict[str, str] | None = None) -> list[ExecCommand]:
@@ -248,25 +253,39 @@ def effective_environment(unit_text: str, dropin_texts: list[str] | tuple[str, .
     return environment_of([unit_text, *dropin_texts])
 
 
-def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
-                           specifiers: dict[str, str] | None = None) -> ExecCommand:
-    """The one ExecStart= command the service runs: its prefix flags, the executable path (which
-    differs from argv[0] with `@`) and the argv the process gets (`$$` expanded, except under `:`,
-    where systemd expands nothing).
+class NeedsHostEnvironment(UnitSyntaxError):
+    """ExecStart= uses $VARIABLES: its argv needs the host's EnvironmentFile= contents (execenv)."""
 
-    Refuses (UnitSyntaxError) a unit with no or several commands, or one whose argv uses
-    `$VARIABLES`: fleetspec would otherwise rewrite a command line it does not fully know.
+
+def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
+                           specifiers: dict[str, str] | None = None, env: HostEnv | None = None) -> ExecCommand:
+    """The one ExecStart= command the service runs: its prefix flags, the executable path (which
+    differs from argv[0] with `@`) and the argv the process gets (`$$` and `$VARIABLES` expanded
+    as systemd does, except under `:`, where systemd expands nothing).
+
+    Refuses (UnitSyntaxError) a unit with no or several commands, a variable in the executable's
+    word, and a variable whose value only systemd knows; NeedsHostEnvironment when variables are
+    used and `env` (what the host's EnvironmentFile= hold, facts.env_files) was not given.
     """
-    commands = exec_start_of([unit_text, *dropin_texts], specifiers)
+    from fleetspec.remote.facts import execenv
+
+    texts = [unit_text, *dropin_texts]
+    commands = exec_start_of(texts, specifiers)
     if len(commands) != 1:
         raise UnitSyntaxError(f"expected exactly one ExecStart= command, found {len(commands)}")
     command = commands[0]
     if ":" in command.flags:
         return command
-    argv, uses_vars = expand_dollars(command.argv)
-    if uses_vars:
-        raise UnitSyntaxError("ExecStart= uses $VARIABLES; fleetspec cannot derive its argv exactly")
-    return ExecCommand(path=command.path, argv=tuple(argv), flags=command.flags)
+    if not execenv.uses_variables(command.argv):
+        return ExecCommand(path=command.path, argv=tuple(execenv.replace_env_argv(command.argv, lambda _: None)),
+                           flags=command.flags)
+    if env is None:
+        raise NeedsHostEnvironment("ExecStart= uses $VARIABLES; its argv needs the host's environment files")
+    if execenv.referenced(command.argv[:1]):
+        raise UnitSyntaxError(f"ExecStart= uses a variable in its first word ({command.argv[0]}); fleetspec "
+                              f"moves the arguments only")
+    expanded = execenv.expand(command.argv, execenv.exec_env_settings(texts, specifiers), env, specifiers)
+    return ExecCommand(path=command.path, argv=expanded.argv, flags=command.flags, variables=expanded.used)
 
 
 def effective_exec_start(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
