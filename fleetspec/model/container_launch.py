@@ -36,7 +36,8 @@ ADVICE = ("run the engine command itself after the image (`… IMAGE python3 -m 
 
 @dataclass(frozen=True)
 class RuntimeOption:
-    """One option as written: its words, the name it was given by, and its value (None: a flag)."""
+    """One option as written: its words, the name it was given by (a short cluster up to the letter
+    that takes the value: `-itp` of `-itp 8000:8000`, `-e` of `-eA=1`), and its value (None: a flag)."""
 
     tokens: tuple[str, ...]
     name: str
@@ -72,7 +73,8 @@ class ContainerRun:
 
     def option(self, *names: str) -> list[str | None]:
         """Values of every option given by one of `names` (long or short spelling), in order."""
-        return [o.value for o in self.options if o.name in names]
+        return [o.value for o in self.options if o.name in names or (o.name[:1] == "-" and o.name[1:2] != "-"
+                                                                      and "-" + o.name[-1] in names)]
 
     @property
     def label(self) -> str:
@@ -111,15 +113,16 @@ def _short(argv: Sequence[str], i: int, table: dict[str, bool], what: str) -> Ru
         name = "-" + letter
         takes = _lookup(table, name, what)
         rest = letters[n + 1:]
+        cluster = "-" + letters[:n + 1]          # the letters up to the one that takes the value
         if rest.startswith("="):
-            return RuntimeOption((argv[i],), argv[i], rest[1:])
+            return RuntimeOption((argv[i],), cluster, rest[1:])
         if not takes:
             continue
         if rest:
-            return RuntimeOption((argv[i],), argv[i], rest)
+            return RuntimeOption((argv[i],), cluster, rest)
         if i + 1 >= len(argv):
             raise LaunchRefused(f"{what} with {name} and no value", "the runtime refuses it", "fix the ExecStart first")
-        return RuntimeOption((argv[i], argv[i + 1]), argv[i], argv[i + 1])
+        return RuntimeOption((argv[i], argv[i + 1]), cluster, argv[i + 1])
     return RuntimeOption((argv[i],), argv[i], None)
 
 

@@ -18,7 +18,9 @@ from typing import Any, Mapping, Sequence
 import jinja2
 
 from fleetspec.errors import UserError
-from fleetspec.model import graphsize, launch
+from fleetspec.model import container_launch, graphsize, launch
+from fleetspec.model.container_compose import ComposeUp
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.playbook import Playbook
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
@@ -114,13 +116,18 @@ class LaunchPlan:
                 "env_dropped": list(self.env_dropped), "simulated_env": list(self.simulated)}
 
 
-def classify_or_refuse(command, where: str) -> launch.LaunchForm:
-    """The launch form of the baseline's ExecStart command (unitfile.ExecCommand), or a one-line
-    refusal (exit 2) naming the host, the service and the form."""
+def classify_or_refuse(command, where: str) -> launch.LaunchForm | ContainerRun:
+    """The launch form (or the `docker run`/`podman run` container form) of the baseline's ExecStart
+    command (unitfile.ExecCommand), or a one-line refusal (exit 2) naming the host, the service and the form."""
     try:
-        return launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+        form = container_launch.classify_exec(list(command.argv), path=command.path, prefix=command.flags)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
+    if isinstance(form, ComposeUp):
+        raise UserError(f"{where}: ExecStart runs `compose up` ({', '.join(form.files) or 'the default compose file'}): "
+                        f"fleetspec reads compose services (docs/containers.md) but plans `docker run`/`podman run` "
+                        f"units only")
+    return form
 
 
 def option_table(t: TransportLike, python: str, version: str, host: str) -> launch.OptionTable:

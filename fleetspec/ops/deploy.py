@@ -18,6 +18,7 @@ from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import planning, probes, smoke_run, switching
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
+from fleetspec.ops.container_plan import ContainerPlanned
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
 from fleetspec.remote.api import TransportLike
@@ -49,7 +50,12 @@ class Deploy:
 
     # The operation --------------------------------------------------------------------------
     def run(self) -> DeployOutcome:
-        self.pf = preflight_mod.run(self.t, self.req, self.echo)       # read-only; refuses bad input
+        try:
+            self.pf = preflight_mod.run(self.t, self.req, self.echo)   # read-only; refuses bad input
+        except ContainerPlanned as planned:                            # a container service: --plan only
+            if not self.req.plan_only:
+                raise
+            return self._outcome(Outcome.PLANNED, plan=planned.plan)
         self.state.redact = self.pf.redact                              # no secret in the ledger …
         echo, progress = self.echo, self.progress                       # … nor on the terminal
         self.echo = lambda line: echo(self.pf.redact(line))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from fleetspec.errors import NeedsAttention, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.inventory import Host
 from fleetspec.model.kernel import Kernel
 from fleetspec.model.launch import LaunchForm
@@ -24,7 +25,7 @@ from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.patchset import PatchSet
 from fleetspec.model.playbook import Guard, Playbook
 from fleetspec.ops import argv as argv_ops
-from fleetspec.ops import execstart, probes, redaction
+from fleetspec.ops import container_plan, execstart, probes, redaction
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.preflight_checks import (  # noqa: F401
     MAX_PATCH_FILE,
@@ -212,6 +213,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     loaded = preload_patchsets(playbook)
     got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
+    if isinstance(svc.form, ContainerRun):
+        raise container_plan.planned(t, req, svc, svc.form)
     sg, tv, disk, model, gpus = (_or_none(got[k]) for k in ("sglang", "torch", "disk", "model", "gpus"))
     path = _model_path(host, svc.exec_argv)
     if path != _model_path(host, []):          # ExecStart names another model than the inventory
@@ -252,7 +255,7 @@ class ServiceRead:
     dropins: dict[str, bytes]
     dropin_texts: list[str]
     exec_argv: list[str]
-    form: LaunchForm
+    form: LaunchForm | ContainerRun
     overriding: list[str]
     notes: list[str] = field(default_factory=list)
 
