@@ -229,3 +229,42 @@ def test_manager_environment_is_read_from_busctls_json():
     out = 'manager {"type":"as","data":["PATH=/usr/bin:/bin","LANG=C.UTF-8","ODD=a b\\"c"]}\n'
     assert env_files_fact.parse(out).manager == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "ODD": 'a b"c'}
     assert env_files_fact.parse("manager not json\n").manager is None
+
+
+# What a deploy does with it (ops.execstart) ----------------------------------------------------------
+def test_exec_command_reads_the_hosts_files_only_when_variables_are_used(t, tmp_path, seen):
+    from fleetspec.ops import execstart
+
+    env_file = tmp_path / "sglang env"
+    env_file.write_bytes(b'OPTS="--tp 2 --port 30000"\nMODEL=/models/q\n')
+    unit = (f"[Service]\nEnvironmentFile={env_file}\nEnvironmentFile=-/nonexistent/x\n"   # the whole value: one path
+            f"ExecStart={PY} -m sglang.launch_server --model-path ${{MODEL}} $OPTS\n").encode()
+    cmd = execstart.exec_command(t, unit, [])
+    assert cmd.argv == (PY, "-m", "sglang.launch_server", "--model-path", "/models/q", "--tp", "2", "--port", "30000")
+    assert len(seen) == 1
+    plain = execstart.exec_command(t, f"[Service]\nExecStart={PY} -m sglang.launch_server $$x\n".encode(), [])
+    assert plain.argv[-1] == "$x" and len(seen) == 1            # no variables: no host read
+    env_file.write_bytes(b"MODEL=\xff\n")
+    with pytest.raises(unitfile.UnitSyntaxError, match="invalid UTF-8"):
+        execstart.exec_command(t, unit, [])
+
+
+def test_a_secret_in_a_variable_is_refused_and_the_rest_is_noted(tmp_path, sshd, ssh_client_key, inventory_writer):
+    from fleetspec.errors import UserError
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.ops import execstart
+
+    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
+    files = {"/e/a": b"SGLANG_API_KEY=sk-123\nMODEL=/m\nPORT=\n"}
+    secret = unitfile.effective_exec_command(_unit("EnvironmentFile=/e/a", "--api-key ${SGLANG_API_KEY}"),
+                                             env=HostEnv(files={p: ((p, b),) for p, b in files.items()}, manager={}))
+    with pytest.raises(UserError, match=r"h: s: ExecStart= takes \$SGLANG_API_KEY from EnvironmentFile=/e/a, which "
+                                        r"holds a secret") as err:
+        execstart.check_variables(secret, host, None, "h: s")
+    assert "sk-123" not in str(err.value)
+    fine = unitfile.effective_exec_command(_unit("EnvironmentFile=/e/a", "--model-path ${MODEL} ${PORT} $NOPE"),
+                                           env=HostEnv(files={p: ((p, b),) for p, b in files.items()}, manager={}))
+    [note] = execstart.check_variables(fine, host, None, "h: s")
+    assert "$MODEL (EnvironmentFile=/e/a), $PORT (EnvironmentFile=/e/a), $NOPE (unset: unset)" in note
+    assert "/m" not in note.replace("/e/a", "")                 # names and sources, never values
+    assert execstart.check_variables(unitfile.effective_exec_command(_unit("", "--x")), host, None, "h: s") == []
