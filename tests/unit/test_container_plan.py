@@ -148,3 +148,11 @@ def test_cli_prints_a_container_plan(tmp_path, sshd, ssh_client_key, inventory_w
     assert "ExecStart form: podman run localhost/fleetspec-probe:1 (python -m sglang.launch_server)" in out
     assert "note: h: image localhost/fleetspec-probe:1: id d42aa19a524f" in out
     assert "steps: preflight -> planned only (container deploys are refused)" in out
+
+
+def test_secret_looking_env_values_are_never_shown():
+    words = ("docker --log-level debug run --env=HF_TOKEN=s1 -eAPI_KEY=s2 -ie MY_SECRET=s3 -e MODEL=m --env HF_TOKEN "
+             "img python3 -m sglang.launch_server --model-path m").split()
+    assert container_plan.shown(parse_run(words), words)[4:12] == [
+        "--env=HF_TOKEN=<redacted>", "-eAPI_KEY=<redacted>", "-ie", "MY_SECRET=<redacted>", "-e", "MODEL=m",
+        "--env", "HF_TOKEN"]
