@@ -1,4 +1,4 @@
-"""ExecStart's $VARIABLES on a real systemd 252 host (a thin lab host).
+"""ExecStart's $VARIABLES on a real systemd 252 host (the session's 0.5.23 lab host, like ct200).
 
 1. What systemd really passes to the process equals what fleetspec computes from the same unit and
    the same files read over SSH (facts.env_files + facts.execenv): the manual's examples, the
@@ -53,10 +53,10 @@ EXEC_WORDS = [
 
 
 @pytest.fixture(scope="module")
-def host(thin_fleet):
-    name = thin_fleet.hosts[0]
-    transport = Transport(load_inventory(thin_fleet.inventory).hosts[name])
-    yield thin_fleet, name, transport
+def host(lab_fleet):
+    name = lab_fleet.hosts[1]
+    transport = Transport(load_inventory(lab_fleet.inventory).hosts[name])
+    yield lab_fleet, name, transport
     transport.run_script(f"rm -rf {ENVDIR} /etc/systemd/system/{PROBE}; systemctl daemon-reload")
     transport.close()
 
@@ -116,7 +116,7 @@ def test_a_unit_with_variables_deploys_and_rolls_back_exactly(host):
     spec_at = args.index("--speculative-algorithm")
     env_file = (f"SGLANG_OPTS={' '.join(args[2:spec_at])}\n"
                 f"SPEC=\"{' '.join(args[spec_at:])}\"\n").encode()
-    original = unit_text(PROFILES["thin"])
+    original = unit_text(PROFILES["ct200"])
     line = next(ln for ln in original.splitlines() if ln.startswith("ExecStart="))
     varied = original.replace(line, f"EnvironmentFile=/etc/sglang/qwen.env\nEnvironment=MODEL={args[1]}\n"
                               f"ExecStart={' '.join(CT200_ARGV[:3])} --model-path ${{MODEL}} $SGLANG_OPTS $SPEC")
