@@ -209,11 +209,18 @@ def derive(run: ContainerRun, table: launch.OptionTable, flags: Sequence[str], *
            drop: Sequence[str] = (), version: str | None = None) -> ContainerDerived:
     """The engine command derived exactly as for bare metal, behind the unchanged runtime words."""
     derived = launch.derive(run.engine, table, flags, carry=carry, drop=drop, version=version)
+    return ContainerDerived(argv=host_argv(run, derived.argv), engine=derived)
+
+
+def host_argv(run: ContainerRun, engine_argv: Sequence[str]) -> list[str]:
+    """The runtime words up to the image, kept, then the new engine command (less the
+    --entrypoint words, which must be unchanged)."""
     skip = len(run.entrypoint or ())
-    if derived.argv[:max(skip, run.engine.start)] != list(run.engine.argv[:max(skip, run.engine.start)]):
+    keep = max(skip, run.engine.start)
+    if list(engine_argv[:keep]) != list(run.engine.argv[:keep]):
         raise LaunchRefused(f"`{run.runtime} run --entrypoint`", "the derived command would change the "
                             "entrypoint's words", ADVICE)
-    return ContainerDerived(argv=[*run.head, *derived.argv[skip:]], engine=derived)
+    return [*run.head, *engine_argv[skip:]]
 
 
 COMPOSE = ("docker-compose", "podman-compose")

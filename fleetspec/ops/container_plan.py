@@ -65,17 +65,18 @@ def build_plan(req: DeployRequest, service: str, run: ContainerRun, got: Inspect
     else:
         options = argv_ops.resolve_options(playbook, req.options, host.is_hybrid_tagged)
         flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
+        where = f"{host.name}: {service}"
+        planned = argv_ops.plan_launch(run.engine, table, flags, playbook, str(version), {}, where)  # as bare metal
         try:
-            derived = container_launch.derive(run, table, flags, carry=playbook.launch.carry,
-                                              drop=playbook.launch.drop, version=str(version))
+            new_argv = container_launch.host_argv(run, planned.derived.argv)
         except launch.LaunchRefused as err:
-            raise UserError(f"{host.name}: {service}: {err}") from None
-        new_argv = derived.argv
-        d = derived.engine
-        launch_info = {"form": run.label, "prefix": run.prefix, "path": run.path, "kept": d.kept,
-                       "dropped": d.dropped, "carried": d.carried, "added": d.added, "changed": d.changed,
-                       "baseline_algorithm": d.algorithm, "env_kept": [], "env_dropped": [], "simulated_env": [],
-                       "runtime_words": run.head}
+            raise UserError(f"{where}: {err}") from None
+        notes += [f"{host.name}: {n}" for n in planned.notes]
+        spec_env = launch.speculative_env([(v or "").partition("=")[0] for v in run.option("-e", "--env")])
+        if spec_env:
+            notes.append(f"{host.name}: speculation-only variables given with -e/--env stay as written (runtime "
+                         f"options are kept byte for byte): {', '.join(spec_env)}")
+        launch_info = {**planned.to_dict(), "form": run.label, "runtime_words": run.head}
     old_shown, new_shown = shown(run, run.argv), shown(run, new_argv)
     diff = "".join(difflib.unified_diff([a + "\n" for a in old_shown], [a + "\n" for a in new_shown],
                                         f"{service} ExecStart (now)", f"{service} ExecStart (after)", n=2))

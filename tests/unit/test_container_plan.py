@@ -56,6 +56,9 @@ def test_plan_shows_runtime_image_digest_and_the_derived_engine_command(tmp_path
     assert "+DDTREE" in plan.execstart_diff and "-EAGLE" in plan.execstart_diff
     assert "hf_abcdef" not in plan.execstart_diff + plan.dropin      # a secret-looking -e value is not shown
     assert "HF_TOKEN=<redacted>" in plan.dropin and plan.dropin.startswith("# planned only")
+    spec = parse_run(ARGV.replace("-e HF_TOKEN", "-e SGLANG_ENABLE_SPEC_V2=1 -e HF_TOKEN").split())
+    assert any("-e/--env stay as written" in n and "SGLANG_ENABLE_SPEC_V2" in n
+               for n in container_plan.build_plan(req, "s", spec, _captured()).notes)
     refusal = container_plan.ContainerPlanned("h: sglang.service", run, plan)
     assert str(refusal).startswith("h: sglang.service: container deploys are planned only (podman run "
                                    "localhost/fleetspec-probe:1") and refusal.exit_code == 2 and "\n" not in str(refusal)
