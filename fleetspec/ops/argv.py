@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from fleetspec.errors import UserError
-from fleetspec.model import graphsize, launch
+from fleetspec.model import container_compose, graphsize, launch
+from fleetspec.model.container_compose import ComposeUp
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.flags import Flags
 
@@ -74,13 +76,18 @@ class LaunchPlan:
                 "env_dropped": list(self.env_dropped), "simulated_env": list(self.simulated)}
 
 
-def classify_or_refuse(command, where: str) -> launch.LaunchForm:
-    """The launch form of the baseline's ExecStart command (systemd_unit.ExecCommand), or a one-line
-    refusal (exit 2) naming the host, the service and the form."""
+def classify_or_refuse(command, where: str) -> launch.LaunchForm | ContainerRun:
+    """The launch form (or the `docker run`/`podman run` container form) of the baseline's ExecStart
+    command (systemd_unit.ExecCommand), or a one-line refusal (exit 2) naming the host, the service and the form."""
     try:
-        return launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+        form = container_compose.classify_exec(list(command.argv), path=command.path, prefix=command.flags)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
+    if isinstance(form, ComposeUp):
+        raise UserError(f"{where}: ExecStart runs `compose up` ({', '.join(form.files) or 'the default compose file'}): "
+                        f"fleetspec reads compose services (docs/containers.md) but plans `docker run`/`podman run` "
+                        f"units only")
+    return form
 
 
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,

@@ -19,6 +19,7 @@ from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging, steps
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
+from fleetspec.ops.container_plan import ContainerPlanned
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
 from fleetspec.ops.preflight_checks import check_interrupted
@@ -32,7 +33,14 @@ from fleetspec.remote.systemd import UnitStream
 def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
            progress: Callable[[str | None], None] = lambda line: None) -> DeployOutcome:
     """Preflight (read-only; refuses bad input before the host is touched), then the deploy it decided."""
-    pf = preflight_mod.run(t, req, echo, progress)
+    started = time.monotonic()
+    try:
+        pf = preflight_mod.run(t, req, echo, progress)
+    except ContainerPlanned as planned:                 # a container service: --plan only
+        if not req.plan_only:
+            raise
+        return DeployOutcome(req.host.name, Outcome.PLANNED, None, None, "", {}, {}, planned.plan,
+                             round(time.monotonic() - started, 2), 0.0, 0)
     return Deploy(t, req, pf, echo, progress).run()
 
 

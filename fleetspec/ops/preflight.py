@@ -10,19 +10,20 @@ returns is ops/preflight_result.Preflight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec import systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.inventory import Host
 from fleetspec.model.launch import LaunchForm
 from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops import argv as argv_ops
-from fleetspec.ops import probes, serving
+from fleetspec.ops import container_plan, execstart, probes, serving
 from fleetspec.ops.flags import render_flags
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.options import ResolvedOptions, resolve_options
@@ -72,6 +73,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     loaded = preload_patchsets(playbook)
     got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
+    if isinstance(svc.form, ContainerRun):
+        raise container_plan.planned(t, req, svc.service, svc.form)
     waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
                                      allow_unhealthy=req.allow_unhealthy, wait=wait_serving and not req.plan_only,
                                      progress=progress)
@@ -85,7 +88,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
     options = resolve_options(playbook, req.options, hybrid)
     notes = [waited] if waited else []
-    notes.extend(f"{host.name}: {n}" for n in options.notes)
+    notes.extend(f"{host.name}: {n}" for n in [*svc.notes, *options.notes])
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options)
@@ -116,8 +119,9 @@ class ServiceRead:
     dropins: dict[str, bytes]
     dropin_texts: list[str]
     exec_argv: list[str]
-    form: LaunchForm
+    form: LaunchForm | ContainerRun
     overriding: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) -> dict:
@@ -167,9 +171,10 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
         check_orphan_dropin(state, unit, host, files_fact.baseline_json)
         try:
-            command = systemd_unit.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
+            command = execstart.exec_command(t, unit_bytes, dropin_texts)
         except ValueError as err:
             raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
+        notes = execstart.check_variables(command, host, playbook, f"{host.name}: {service}")
         form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
         check_dropin_order(unit, host, service)
         overriding = admin_exec_start_dropins(unit, dropin_texts)
@@ -177,7 +182,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
         check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
                          baseline_text=files_fact.baseline_json)
-    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding)
+    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding, notes)
 
 
 def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceRead, version: str,
@@ -186,6 +191,7 @@ def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceR
     table = option_table(t, host.vars.python, version, host.name)
     # the operator's environment, from the unit files (fleetspec's own drop-in left out)
     environment = systemd_unit.effective_environment(svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
+    assert isinstance(svc.form, LaunchForm)      # a container service was planned (and refused) before this
     return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
                                 f"{host.name}: {svc.service}")
 

@@ -14,7 +14,9 @@ from pathlib import PurePosixPath
 from typing import Any, Iterable
 
 from fleetspec.errors import FleetspecError
+from fleetspec.model import container_launch
 from fleetspec.model.inventory import Host
+from fleetspec.ops import container_plan
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
@@ -52,6 +54,7 @@ class HostStatus:
     up_s: float | None = None           # seconds since the unit last (re)started
     ready_timeout: float | None = None
     notes: list[str] = field(default_factory=list)
+    container: dict[str, Any] | None = None   # a docker/podman run unit: runtime, image, digest, state, restarts
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +100,10 @@ def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
         row.notes.extend(_dropin_notes(host, unit.dropin_paths))
         if state is not None and state.baseline:
             _fill_unit_drift(row, t, host, got["files"])
+        if unit.argv and container_launch.runtime_of(unit.exec_start[0].path) and not isinstance(got["files"], FleetspecError):
+            row.container = container_plan.container_status(t, got["files"])
+            if row.container:
+                row.notes.append(container_plan.status_line(row.container))
     _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
 
 
