@@ -29,7 +29,7 @@ def exec_command(t: TransportLike, unit_bytes: bytes, dropin_texts: list[str]) -
     uses variables (one more round trip for such units, none for the others)."""
     text = unit_bytes.decode(errors="replace")
     try:
-        return systemd_unit.effective_exec_command(text, dropin_texts)
+        return execenv.effective_exec_command(text, dropin_texts)
     except systemd_unit.NeedsHostEnvironment:
         pass
     patterns = tuple(execenv.env_file_patterns([text, *dropin_texts]))

@@ -134,10 +134,10 @@ def test_an_unknown_manager_environment_refuses_what_the_unit_does_not_set():
 
 def test_variables_need_the_hosts_files_and_the_colon_prefix_expands_nothing():
     with pytest.raises(systemd_unit.NeedsHostEnvironment, match=r"\$VARIABLES"):
-        systemd_unit.effective_exec_command(_unit("", "$X"))
+        execenv.effective_exec_command(_unit("", "$X"))
     # no lookup that could find anything: no host read needed
-    assert systemd_unit.effective_exec_command(_unit("", "$$X $ a$b")).argv[3:] == ("$X", "a$b")
-    cmd = systemd_unit.effective_exec_command(f"[Service]\nExecStart=:{PY} -c pass $X ${{Y}} $$\n")
+    assert execenv.effective_exec_command(_unit("", "$$X $ a$b")).argv[3:] == ("$X", "a$b")
+    cmd = execenv.effective_exec_command(f"[Service]\nExecStart=:{PY} -c pass $X ${{Y}} $$\n")
     assert cmd.argv[3:] == ("$X", "${Y}", "$$")
     with pytest.raises(systemd_unit.UnitSyntaxError, match="first word"):
         _argv("[Service]\nExecStart=@/bin/python3 $NAME -c pass\n")

@@ -332,17 +332,23 @@ def expand(argv: Sequence[str], settings: ExecEnvSettings, host: HostEnv,
 
 def effective_exec_command(unit_text: str, dropin_texts: Sequence[str] = (), specifiers: dict[str, str] | None = None,
                            env: HostEnv | None = None) -> ExecCommand:
-    """systemd_unit.effective_exec_command, with `$VARIABLES` expanded as systemd does from `env`
-    (what the host's EnvironmentFile= hold, facts.env_files). Refuses (UnitSyntaxError) a variable
-    in the executable's word and one whose value only systemd knows; NeedsHostEnvironment when
-    variables are used and `env` was not given."""
+    """systemd_unit.effective_exec_command as systemd really runs it: `$$` and `$VARIABLES`
+    expanded by replace_env_argv (env-util.c), except under `:`. Variables take their values from
+    `env` (the host's EnvironmentFile= contents, facts.env_files): without it, NeedsHostEnvironment.
+    Refuses (UnitSyntaxError) no or several commands, a variable in the executable's word, and a
+    variable whose value only systemd knows."""
     texts = [unit_text, *dropin_texts]
-    try:
-        return systemd_unit.effective_exec_command(unit_text, list(dropin_texts), specifiers)
-    except systemd_unit.NeedsHostEnvironment:
-        if env is None:
-            raise
-    command = systemd_unit.exec_start_of(texts, specifiers)[0]
+    commands = systemd_unit.exec_start_of(texts, specifiers)
+    if len(commands) != 1:
+        raise UnitSyntaxError(f"expected exactly one ExecStart= command, found {len(commands)}")
+    command = commands[0]
+    if ":" in command.flags:
+        return command
+    if not uses_variables(command.argv):
+        return ExecCommand(path=command.path, argv=tuple(replace_env_argv(command.argv, lambda _: None)),
+                           flags=command.flags)
+    if env is None:
+        raise systemd_unit.NeedsHostEnvironment("ExecStart= uses $VARIABLES; its argv needs the host's environment files")
     if referenced(command.argv[:1]):
         raise UnitSyntaxError(f"ExecStart= uses a variable in its first word ({command.argv[0]}); fleetspec "
                               f"moves the arguments only")
