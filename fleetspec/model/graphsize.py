@@ -56,6 +56,16 @@ def _values(tokens_list: Sequence[Sequence[str]], table: OptionTable) -> dict[st
     return out
 
 
+def given(tokens_list: Sequence[Sequence[str]], table: OptionTable) -> dict[str, str | None]:
+    """dest -> value (last wins; None for a flag without one) of whole items."""
+    out: dict[str, str | None] = {}
+    for tokens in tokens_list:
+        dest, value, _ = _item(tokens, table)
+        if dest:
+            out[dest] = value
+    return out
+
+
 def _pairs(flags: Sequence[str]) -> list[list[str]]:
     """A playbook's flat flag list cut into items at each option word."""
     items: list[list[str]] = []

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import jinja2
 
 from fleetspec.errors import UserError
-from fleetspec.model import graphsize, launch
+from fleetspec.model import gpuhealth, graphsize, launch
 from fleetspec.model.playbook import Playbook
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
@@ -104,6 +104,7 @@ class LaunchPlan:
     env_dropped: tuple[str, ...] = ()     # … that the drop-in unsets (UnsetEnvironment=)
     simulated: tuple[str, ...] = ()       # SGLANG_SIMULATE_ACC_*: every gate is inconclusive
     notes: tuple[str, ...] = ()
+    gpus: tuple[int, str] | None = None   # GPUs the launch uses on this host, and how (TP x DP); None: one
 
     def to_dict(self) -> dict:
         d = self.derived
@@ -173,7 +174,7 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Seque
         notes.append(f"{', '.join(simulated)} is set: acceptance is simulated, so every gate is inconclusive "
                      f"(fail closed)")
     return LaunchPlan(form=form, derived=derived, env_kept=kept, env_dropped=dropped, simulated=simulated,
-                      notes=tuple(notes))
+                      notes=tuple(notes), gpus=gpuhealth.gpus_needed(graphsize.given(derived.kept, table)))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.patchset import PatchSet
 from fleetspec.model.playbook import Guard, Playbook
 from fleetspec.ops import argv as argv_ops
+from fleetspec.ops.gpu_checks import check_gpu_health
 from fleetspec.ops import probes, redaction
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.preflight_checks import (  # noqa: F401
@@ -60,11 +61,13 @@ from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import FactError, file_text, missing_paths, unitfile
 from fleetspec.remote.facts import disk as disk_fact
 from fleetspec.remote.facts import gpu as gpu_fact
+from fleetspec.remote.facts import gpu_health as gpu_health_fact
 from fleetspec.remote.facts import model_config as model_fact
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import torch as torch_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
+from fleetspec.remote.facts.gpu_health import GpuHealth
 from fleetspec.remote.facts.sglang import SglangInstall
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.torch import TorchInfo
@@ -100,6 +103,7 @@ class Preflight:
     form: LaunchForm | None = None                # the baseline ExecStart's launch form
     launch: argv_ops.LaunchPlan | None = None     # kept/dropped/carried, env verdicts
     staged_ahead: str | None = None               # the newest release `deploy --stage-only` left for this algo
+    gpu_health: GpuHealth | None = None           # as preflight read it; a failed restart is compared with it
 
     @property
     def layout(self) -> HostLayout:
@@ -231,11 +235,14 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     check_disk(host, disk, patchset, kernels)
     check_paths(t, host, playbook, _raised(got["missing"]))
     notes.extend(check_gpus(host, gpus))
+    health = got["gpu_health"] if gpus is not None and gpus.present else None
+    notes.extend(check_gpu_health(host, playbook, health, launch.gpus, getattr(tv, "cuda", None)))
     pf = Preflight(host=host, root=req.root, playbook=playbook, service=svc.service, python=host.vars.python,
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
                    sglang=sg, torch=tv, hybrid=hybrid, options=options, new_argv=launch.derived.argv,
                    patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard, form=svc.form,
-                   launch=launch, keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
+                   launch=launch, gpu_health=health if isinstance(health, GpuHealth) else None,
+                   keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
                    staged_ahead=next(reversed(L.parse(_raised(got["ledger"]) or "").staged_ahead(playbook.algo)), None))
     check_templates(pf)
     for note in notes:
@@ -273,6 +280,7 @@ def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) 
         "disk": (disk_fact, {"path": str(layout.root)}),
         "model": (model_fact, {"path": _model_path(host, [])}),
         "gpus": (gpu_fact, {}),
+        "gpu_health": (gpu_health_fact, {"service": service}),
         "missing": (missing_paths, {"paths": tuple(model_paths(host))}),
     }, errors="return")
 

@@ -53,9 +53,10 @@ template <typename F>
 static inline __attribute__((always_inline)) F vmax(F a, F b) { return a > b ? a : b; }
 
 // exp(t) for t in [-87, 88] by range reduction (t = n ln2 + r, |r| <= ln2/2) and a degree-7
-// polynomial (Cephes' expf, a few ulp); t below -87 (-inf too) gives exp(-87) ~ 1.6e-38, which a
-// sum holding the max's own term (>= 1) loses in rounding. NaN stays NaN. The same formula on
-// one float (tails) and on a vector of them (the block loop): min/max, no branch, no blend.
+// polynomial (Cephes' expf, about 1 ulp: a cheaper one moved log_z by an ulp, enough to reorder
+// tied prefixes in the tree against torch's logsumexp). t below -87 (-inf too) gives exp(-87) ~
+// 1.6e-38, which a sum holding the max's own term (>= 1) loses in rounding. NaN stays NaN. The
+// same formula on one float (tails) and on a vector of them (the block loop): min/max, no branch.
 template <typename F, typename I>
 static inline __attribute__((always_inline)) F exp_clamped(F t) {
   const F lo = F{} - 87.0f, hi = F{} + 88.0f;
