@@ -112,14 +112,14 @@ def problems(health, need: tuple[int, str] | None, cuda: str | None, service: st
     if need is not None and len(health.gpus) < need[0]:
         out.append(Problem("gpu_count", f"nvidia-smi shows {len(health.gpus)} GPU(s); the launch uses {need[0]} "
                                         f"({need[1]})"))
-    for g in health.gpus:
-        if g.ecc_uncorrected:
-            out.append(Problem("ecc", f"{_gpu_name(g.index, g.bus_id)}: {g.ecc_uncorrected} uncorrected ECC "
-                                      f"error(s) since the driver loaded", g.index))
-    for g in health.gpus:
-        if g.retired_pending:
-            out.append(Problem("pending", f"{_gpu_name(g.index, g.bus_id)}: a page retirement is pending (it takes "
-                                          f"effect at the next driver reload)", g.index))
+    return [*out, *_memory(health), *_xids(health), *_foreign(health, service), *_driver(health, cuda)]
+
+
+def _memory(health) -> list[Problem]:
+    out = [Problem("ecc", f"{_gpu_name(g.index, g.bus_id)}: {g.ecc_uncorrected} uncorrected ECC error(s) since the "
+                          f"driver loaded", g.index) for g in health.gpus if g.ecc_uncorrected]
+    out += [Problem("pending", f"{_gpu_name(g.index, g.bus_id)}: a page retirement is pending (it takes effect at "
+                               f"the next driver reload)", g.index) for g in health.gpus if g.retired_pending]
     for r in health.remapped:
         index = health.index_of(r.pci)
         if r.failure:
@@ -128,16 +128,26 @@ def problems(health, need: tuple[int, str] | None, cuda: str | None, service: st
         elif r.pending:
             out.append(Problem("pending", f"{_gpu_name(index, r.bus_id)}: a row remap is pending (it takes effect "
                                           f"at the next GPU reset)", index))
+    return out
+
+
+def _xids(health) -> list[Problem]:
     seen: dict[tuple[str, int], list] = {}
     for x in health.xids:
         if x.code in CRITICAL_XIDS:
             seen.setdefault((x.pci, x.code), []).append(x)
     buses = {g.pci: g.bus_id for g in health.gpus}
+    out = []
     for (pci, code), events in seen.items():
         index, last = health.index_of(pci), events[-1]
         times = f"{len(events)} times, last at" if len(events) > 1 else "at"
-        out.append(Problem("xid", f"{_gpu_name(index, buses.get(pci, pci))}: Xid {code} ({CRITICAL_XIDS[code]}) {times} "
-                                  f"{_when(last.at)} in the kernel log since boot", index))
+        out.append(Problem("xid", f"{_gpu_name(index, buses.get(pci, pci))}: Xid {code} ({CRITICAL_XIDS[code]}) "
+                                  f"{times} {_when(last.at)} in the kernel log since boot", index))
+    return out
+
+
+def _foreign(health, service: str) -> list[Problem]:
+    out = []
     for app in health.apps:
         if health.owned(app):
             continue
@@ -145,13 +155,18 @@ def problems(health, need: tuple[int, str] | None, cuda: str | None, service: st
         mem = f"{app.used_mib} MiB" if app.used_mib is not None else "memory"
         out.append(Problem("foreign_memory", f"{_gpu_name(index, app.bus_id)}: {mem} held by pid {app.pid} "
                                              f"({app.name or 'unknown'}), not a process of {service}", index))
-    want = MIN_DRIVER.get(_cuda_major(cuda) or -1)
-    drivers = sorted({g.driver for g in health.gpus})
-    old = [d for d in drivers if want is not None and (_driver_major(d) or 0) < want]
-    if old:
-        out.append(Problem("driver", f"driver {', '.join(old)} is older than the engine's CUDA {cuda} needs "
-                                     f"(driver {want} or newer)"))
     return out
+
+
+def _driver(health, cuda: str | None) -> list[Problem]:
+    want = MIN_DRIVER.get(_cuda_major(cuda) or -1)
+    if want is None:
+        return []
+    old = [d for d in sorted({g.driver for g in health.gpus}) if (_driver_major(d) or 0) < want]
+    if not old:
+        return []
+    return [Problem("driver", f"driver {', '.join(old)} is older than the engine's CUDA {cuda} needs "
+                              f"(driver {want} or newer)")]
 
 
 def split(found: Iterable[Problem], waived: Iterable[str]) -> tuple[list[Problem], list[Problem]]:

@@ -24,8 +24,8 @@ from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.patchset import PatchSet
 from fleetspec.model.playbook import Guard, Playbook
 from fleetspec.ops import argv as argv_ops
-from fleetspec.ops.gpu_checks import check_gpu_health
 from fleetspec.ops import probes, redaction
+from fleetspec.ops.gpu_checks import check_gpu_health
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.preflight_checks import (  # noqa: F401
     MAX_PATCH_FILE,
