@@ -140,15 +140,16 @@ def option_table(t: TransportLike, python: str, version: str, host: str) -> laun
 
 
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Sequence[str], playbook: Playbook,
-                version: str, environment: Mapping[str, str], where: str) -> LaunchPlan:
+                version: str, environment: Mapping[str, str], where: str, gpu_mem: float | None = None) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
-    speculation-only environment. Refusals name the host and service (exit 2)."""
+    speculation-only environment. Refusals name the host and service (exit 2). `gpu_mem`: the
+    smallest GPU's memory in MiB (graph sizing), None without GPU facts."""
     try:
         derived = launch.derive(form, table, flags, carry=playbook.launch.carry, drop=playbook.launch.drop,
                                 version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
-    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where)
+    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, gpu_mem=gpu_mem)
     derived = sized.derived
     keep = set(playbook.launch.env_keep)
     head_env = [a.split("=", 1)[0] for a in form.env_assignments]

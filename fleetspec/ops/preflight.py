@@ -228,7 +228,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     notes = [f"{host.name}: {n}" for n in options.notes]
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
-    launch = _plan_launch(t, host, playbook, svc, sg.version, options)
+    launch = _plan_launch(t, host, playbook, svc, sg.version, options, _smallest_gpu(gpus))
     notes.extend(f"{host.name}: {n}" for n in launch.notes)
     patchset = select_patchset(t, playbook, sg, host.name, loaded)
     kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
@@ -326,12 +326,18 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
     return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding)
 
 
+def _smallest_gpu(gpus) -> float | None:
+    """memory.total (MiB) of the host's smallest GPU, as sglang reads it; None without GPU facts."""
+    sizes = [g.memory_total_mib for g in getattr(gpus, "gpus", None) or [] if g.memory_total_mib]
+    return float(min(sizes)) if sizes else None
+
+
 def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceRead, version: str,
-                 options: argv_ops.ResolvedOptions) -> argv_ops.LaunchPlan:
+                 options: argv_ops.ResolvedOptions, gpu_mem: float | None = None) -> argv_ops.LaunchPlan:
     flags = argv_ops.render_flags(playbook, host.vars.template_view(), options.values)
     table = argv_ops.option_table(t, host.vars.python, version, host.name)
     # the operator's environment, from the unit files (fleetspec's own drop-in left out)
     environment = unitfile.effective_environment(svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
     return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
-                                f"{host.name}: {svc.service}")
+                                f"{host.name}: {svc.service}", gpu_mem)
 

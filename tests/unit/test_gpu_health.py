@@ -211,3 +211,13 @@ def test_status_column_in_a_few_words():
     ps = [gpuhealth.Problem("ecc", "x", 1), gpuhealth.Problem("xid", "y", 3), gpuhealth.Problem("xid", "z", 1)]
     assert gpuhealth.column(ps) == "ECC on GPU 1; Xid on GPU 3,1"
     assert gpuhealth.column([]) == "ok"
+
+
+def test_gpus_needed_reads_both_versions_spellings():
+    from fleetspec.model import graphsize, launch
+
+    for version in ("0.5.13.post1", "0.5.23"):
+        table = launch.load_table(version)
+        argv = ["/v/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "2", "--dp-size", "2"]
+        d = launch.derive(launch.classify(argv, path=argv[0]), table, [], carry=(), version=version)
+        assert gpuhealth.gpus_needed(graphsize.given(d.kept, table)) == (4, "TP 2 x DP 2"), version
