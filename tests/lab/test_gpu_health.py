@@ -2,8 +2,8 @@
 kernel-log stand-ins serving fixture cases written in nvidia-smi's documented CSV format (not
 captures): each unhealthy case is refused by `deploy --plan` and by a real deploy's preflight, one
 line per GPU and cause, with nothing changed on the host; a waiver lets it pass; `status` shows
-the problem; and a restart that makes the GPU log an Xid fails with that Xid named, and leaves the
-host needing attention after its revert.
+the problem; `--plan` sizes the CUDA graph from the GPUs' memory; and a restart that makes the GPU
+log an Xid fails with that Xid named, and leaves the host needing attention after its revert.
 
 The engine's CUDA comes from the host's torch; the lab's is a CPU build, so the refusals run with
 `python` pointed at a venv whose `torch` only reports a CUDA 12.8 build's facts (removed after).
@@ -105,8 +105,17 @@ def test_a_restart_that_logs_an_xid_names_it_and_the_host_needs_attention(lab_fl
     labtools.fs(lab_fleet, "lab", "fault", host, "--clear", check_rc=0)
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", "xid_at_start=79", "crash_at_start",
                 "only_algorithm=DDTREE", check_rc=0)
+    # graph sizing from the GPU facts: sglang's own 256 on H200 at TP 2 holds 1024 verify tokens,
+    # 15 requests of a 64-node tree: below the 16 this host serves, refused; budget 15 fits 64
+    r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--plan")
+    said = r.stdout + r.stderr
+    assert r.returncode == 2 and "--cuda-graph-max-bs 256 (sglang 0.5.13.post1's own choice for 143771 MiB GPUs " \
+        "at TP 2)" in said and "15 requests per graph fit, below the 16" in said, said[-3000:]
+    r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--plan", "--set", "budget=15")
+    assert r.returncode == 0 and "--cuda-graph-max-bs 256 -> 64 (64 x 16 = 1024 <= 1024)" in r.stdout, r.stdout[-3000:]
     try:
-        r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+        r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--set", "budget=15", "--yes", "--no-gates",
+                        "--json")
     finally:
         labtools.fs(lab_fleet, "lab", "fault", host, "--clear")
     out = json.loads(r.stdout.strip().splitlines()[-1])
