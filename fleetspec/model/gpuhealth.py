@@ -6,6 +6,10 @@ host's GPUs; a GPU that fell off the bus, holds uncorrected ECC errors, waits fo
 retirement or row remap, has its memory taken by another process, or runs a driver the engine's
 CUDA cannot use makes the new release fail to load (and its revert load onto the same bad GPU),
 so preflight refuses it before anything changes, one line per GPU and cause.
+
+The critical Xids are taken from NVIDIA's Xid catalog (https://docs.nvidia.com/deploy/xid-errors/):
+those whose documented action is a GPU reset, a reboot or a replacement (CRITICAL_XIDS); the
+driver minimums from NVIDIA's CUDA Toolkit release notes (MIN_DRIVER).
 """
 
 from __future__ import annotations

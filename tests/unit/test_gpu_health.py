@@ -221,3 +221,14 @@ def test_gpus_needed_reads_both_versions_spellings():
         argv = ["/v/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "2", "--dp-size", "2"]
         d = launch.derive(launch.classify(argv, path=argv[0]), table, [], carry=(), version=version)
         assert gpuhealth.gpus_needed(graphsize.given(d.kept, table)) == (4, "TP 2 x DP 2"), version
+
+
+def test_an_unknown_waiver_on_the_command_line_is_refused_before_any_host(tmp_path):
+    import subprocess
+
+    (tmp_path / "inventory").mkdir()
+    _inventory(tmp_path / "inventory", {}).rename(tmp_path / "inventory" / "production.yaml")
+    r = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(tmp_path), "deploy", "h", "--algo", "nextn",
+                        "--waive-gpu", "nope"], capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "'nope' is not one of" in r.stderr and "Traceback" not in r.stderr, r.stderr
