@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
               "(fleetspec lab: no fixture folder)")
         return 9
-    opts = dict(a.split("=", 1) if "=" in a else (a, "") for a in argv)
+    opts = {a.partition("=")[0]: a.partition("=")[2] for a in argv}
     for option in TABLES:
         if option in opts:
             return query(option, opts[option], opts.get("--format", "csv"))

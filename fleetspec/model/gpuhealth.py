@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # check name -> what it refuses (the names are what a waiver lists)
 CHECKS: dict[str, str] = {
@@ -110,8 +111,9 @@ def _cuda_major(cuda: str | None) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def problems(health, need: tuple[int, str] | None, cuda: str | None, service: str) -> list[Problem]:
-    """Every finding, one per GPU and cause, in check order."""
+def problems(health: Any, need: tuple[int, str] | None, cuda: str | None, service: str) -> list[Problem]:
+    """Every finding, one per GPU and cause, in check order. `health`: the gpu_health fact's
+    GpuHealth (remote/facts/gpu_health.py; model/ reads it without importing remote/)."""
     out: list[Problem] = []
     if need is not None and len(health.gpus) < need[0]:
         out.append(Problem("gpu_count", f"nvidia-smi shows {len(health.gpus)} GPU(s); the launch uses {need[0]} "
@@ -119,7 +121,7 @@ def problems(health, need: tuple[int, str] | None, cuda: str | None, service: st
     return [*out, *_memory(health), *_xids(health), *_foreign(health, service), *_driver(health, cuda)]
 
 
-def _memory(health) -> list[Problem]:
+def _memory(health: Any) -> list[Problem]:
     out = [Problem("ecc", f"{_gpu_name(g.index, g.bus_id)}: {g.ecc_uncorrected} uncorrected ECC error(s) since the "
                           f"driver loaded", g.index) for g in health.gpus if g.ecc_uncorrected]
     out += [Problem("pending", f"{_gpu_name(g.index, g.bus_id)}: a page retirement is pending (it takes effect at "
@@ -135,8 +137,8 @@ def _memory(health) -> list[Problem]:
     return out
 
 
-def _xids(health) -> list[Problem]:
-    seen: dict[tuple[str, int], list] = {}
+def _xids(health: Any) -> list[Problem]:
+    seen: dict[tuple[str, int], list[Any]] = {}
     for x in health.xids:
         if x.code in CRITICAL_XIDS:
             seen.setdefault((x.pci, x.code), []).append(x)
@@ -150,7 +152,7 @@ def _xids(health) -> list[Problem]:
     return out
 
 
-def _foreign(health, service: str) -> list[Problem]:
+def _foreign(health: Any, service: str) -> list[Problem]:
     out = []
     for app in health.apps:
         if health.owned(app):
@@ -162,7 +164,7 @@ def _foreign(health, service: str) -> list[Problem]:
     return out
 
 
-def _driver(health, cuda: str | None) -> list[Problem]:
+def _driver(health: Any, cuda: str | None) -> list[Problem]:
     want = MIN_DRIVER.get(_cuda_major(cuda) or -1)
     if want is None:
         return []
@@ -194,7 +196,7 @@ def column(found: Sequence[Problem]) -> str:
     return "; ".join(f"{w} on GPU {','.join(g)}" if g else w for w, g in parts.items())
 
 
-def since(before, after) -> list[str]:
+def since(before: Any, after: Any) -> list[str]:
     """What appeared on the GPUs between two readings (a restart in between): new Xids (any code:
     a crash right after a restart is worth naming), more uncorrected ECC errors, a new pending
     retirement or remap, GPUs gone. One short phrase each, e.g. "Xid 79 on GPU 3 at 12:01:07"."""

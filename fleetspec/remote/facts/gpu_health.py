@@ -155,7 +155,8 @@ def command(service: str = "") -> str:
 
 def _sections(stdout: str) -> dict[str, tuple[list[str], int]]:
     out: dict[str, tuple[list[str], int]] = {}
-    name, lines = None, []
+    name: str | None = None
+    lines: list[str] = []
     for line in stdout.splitlines():
         if line.startswith(MARK + " "):
             word = line[len(MARK) + 1:].split()
@@ -260,16 +261,16 @@ def parse(stdout: str, service: str = "") -> GpuHealth:
     else:
         health.unread.append(_unread("--query-remapped-rows", lines, rc))
     lines, rc = parts.get("apps", ([], -1))
-    owners = {}
+    owners: dict[int, tuple[str | None, str | None]] = {}
     for line in parts.get("owners", ([], 0))[0]:
         pid, _, rest = line.partition("\t")
-        cgroup, _, comm = rest.partition("\t")
+        group, _, comm = rest.partition("\t")
         if pid.isdigit():
-            owners[int(pid)] = (None if cgroup in ("", "-") else cgroup, None if comm in ("", "-") else comm)
+            owners[int(pid)] = (None if group in ("", "-") else group, None if comm in ("", "-") else comm)
     if rc == 0:
         for bus, pid, used in _rows(lines, 3, "--query-compute-apps"):
-            cgroup, comm = owners.get(int(pid), (None, None))
-            health.apps.append(ComputeApp(bus, int(pid), _int(used), comm, cgroup))
+            group_of, name_of = owners.get(int(pid), (None, None))
+            health.apps.append(ComputeApp(bus, int(pid), _int(used), name_of, group_of))
     else:
         health.unread.append(_unread("--query-compute-apps", lines, rc))
     unit = [ln.strip() for ln in parts.get("unit", ([], 0))[0] if ln.strip()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 ETC = Path(os.environ.get("FLEETSPEC_LAB_ETC", "/etc/fleetspec-lab"))
@@ -70,3 +71,14 @@ def log_xid(code: int) -> str | None:
     with open(folder / "kernel.log", "a") as fh:
         fh.write(f"{time.time():.6f} {line}\n")
     return line
+
+
+def bite_at_start(faults: dict, log) -> None:
+    """The faults that bite before the model load: xid_at_start logs the Xid for GPU 0 (log_xid),
+    crash_at_start exits 1 as a CUDA error does."""
+    if faults.get("xid_at_start"):
+        log.error("GPU fault: %s", log_xid(int(faults["xid_at_start"])) or "no GPU stand-in (lab fault gpu=…)")
+    if faults.get("crash_at_start"):
+        log.error("RuntimeError: CUDA error: an illegal memory access was encountered "
+                  "(fleetspec-lab fault crash_at_start)")
+        sys.exit(1)
