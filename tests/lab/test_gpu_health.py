@@ -38,8 +38,8 @@ class cuda:
 REFUSED = {
     "ecc": "GPU 1 (00000000:3B:00.0): 2 uncorrected ECC error(s) since the driver loaded [ecc]",
     "remap": "GPU 0 (00000000:19:00.0): a row remap is pending (it takes effect at the next GPU reset) [pending]",
-    "stray": "GPU 1 (00000000:3B:00.0): 71234 MiB held by pid 4242 (python3), not a process of sglang-qwen.service "
-             "[foreign_memory]",
+    "stray": "GPU 1 (00000000:3B:00.0): 71234 MiB held by pid 4242 (unknown), not a process of sglang-qwen.service "
+             "[foreign_memory]",           # no such pid in the container: no /proc name, no cgroup
     "xid": "GPU 1 (00000000:3B:00.0): Xid 79 (GPU has fallen off the bus) at ",
     "old_driver": "driver 515.105.01 is older than the engine's CUDA 12.8 needs (driver 525 or newer) [driver]",
 }
@@ -81,7 +81,7 @@ def test_each_gpu_fault_is_refused_before_any_change(lab_fleet, gpu_host):
     before = _untouched(lab_fleet, host)
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", check_rc=0)
     r = R.fs(root, "deploy", host, "--algo", "nextn", "--plan")
-    assert r.returncode == 0 and "GPU" not in r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
+    assert r.returncode == 0 and "refused" not in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
     for case, line in REFUSED.items():
         labtools.fs(lab_fleet, "lab", "fault", host, f"gpu={case}", check_rc=0)
         r = R.fs(root, "deploy", host, "--algo", "nextn", "--plan")
