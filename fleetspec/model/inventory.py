@@ -343,6 +343,13 @@ def _build_vars(merged: dict[str, Any], path: Path, key: str) -> HostVars:
     if "api_port" in values and not 1 <= values["api_port"] <= 65535:
         raise ConfigError(path, f"{key}.api_port", f"expected a port number 1-65535, got {values['api_port']}")
     if "extra" in values:
+        waive = values["extra"].get("gpu_waive")
+        if waive is not None:
+            from fleetspec.model.gpuhealth import waiver_errors
+
+            problem = waiver_errors(waive)
+            if problem:
+                raise ConfigError(path, f"{key}.extra.gpu_waive", problem)
         values["extra"] = MappingProxyType(dict(values["extra"]))
     return HostVars(**values)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from fleetspec.errors import UserError
-from fleetspec.model import container_compose, graphsize, launch
+from fleetspec.model import container_compose, gpuhealth, graphsize, launch
 from fleetspec.model.container_compose import ComposeUp
 from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.playbook import Playbook
@@ -66,6 +66,7 @@ class LaunchPlan:
     env_dropped: tuple[str, ...] = ()     # … that the drop-in unsets (UnsetEnvironment=)
     simulated: tuple[str, ...] = ()       # SGLANG_SIMULATE_ACC_*: every gate is inconclusive
     notes: tuple[str, ...] = ()
+    gpus: tuple[int, str] | None = None   # GPUs the launch uses on this host, and how (TP x DP); None: one
 
     def to_dict(self) -> dict:
         d = self.derived
@@ -91,15 +92,16 @@ def classify_or_refuse(command, where: str) -> launch.LaunchForm | ContainerRun:
 
 
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,
-                version: str, environment: Mapping[str, str], where: str) -> LaunchPlan:
+                version: str, environment: Mapping[str, str], where: str, gpu_mem: float | None = None) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
-    speculation-only environment. Refusals name the host and service (exit 2)."""
+    speculation-only environment. Refusals name the host and service (exit 2). `gpu_mem`: the
+    smallest GPU's memory in MiB (graph sizing), None without GPU facts."""
     try:
         derived = launch.derive(form, table, flags.argv, carry=playbook.launch.carry, drop=playbook.launch.drop,
                                 version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
-    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values)
+    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values, gpu_mem=gpu_mem)
     derived = sized.derived
     keep = set(playbook.launch.env_keep)
     head_env = [a.split("=", 1)[0] for a in form.env_assignments]
@@ -125,6 +127,6 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags
         notes.append(f"{', '.join(simulated)} is set: acceptance is simulated, so every gate is inconclusive "
                      f"(fail closed)")
     return LaunchPlan(form=form, derived=derived, env_kept=kept, env_dropped=dropped, simulated=simulated,
-                      notes=tuple(notes))
+                      notes=tuple(notes), gpus=gpuhealth.gpus_needed(graphsize.given(derived.kept, table)))
 
 
