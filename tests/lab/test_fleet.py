@@ -98,12 +98,12 @@ def test_slow_release_fails_the_throughput_gate_and_reverts(fleet_on_baseline, t
 
 def test_bench_shows_ddtree_accepting_more_than_nextn(fleet_on_baseline):
     fleet = fleet_on_baseline
-    r = fs(fleet, "bench", CANARY, "--algo", "nextn", "--algo", "ddtree:budget=16",
+    r = fs(fleet, "bench", CANARY, "--algo", "nextn", "--algo", "ddtree", "--algo", "ddtree:budget=16",
            "--concurrency", "1", "--requests", "8", "--json", check_rc=0)
     rows = json_rows(r.stdout)
     by = {(row["algo"], row["options"].get("budget")): row for row in rows}
-    nextn, ddtree = by[("nextn", None)], by[("ddtree", 16)]      # an option of the playbook, set per algo
-    assert not nextn["error"] and not ddtree["error"]
+    nextn, ddtree, small = by[("nextn", None)], by[("ddtree", None)], by[("ddtree", 16)]
+    assert not nextn["error"] and not ddtree["error"] and not small["error"]
     assert ddtree["accept_length"] > nextn["accept_length"]
     assert ddtree["figures"]["tok_s_c1"] > 0 and nextn["figures"]["tok_s_c1"] > 0
     row = statuses(fleet)[CANARY]                     # the host is back where it was
@@ -113,6 +113,6 @@ def test_bench_shows_ddtree_accepting_more_than_nextn(fleet_on_baseline):
     mirror = local_mirror(fleet.root, CANARY, "sglang-qwen.service") / "ledger.jsonl"
     mirrored = L.parse(mirror.read_text()).releases()
     benched = [rid for rid, state in on_host.items() if state == L.SUPERSEDED]
-    assert len(benched) >= 2 and all(mirrored.get(rid) == L.SUPERSEDED for rid in benched), (on_host, mirrored)
+    assert len(benched) >= 3 and all(mirrored.get(rid) == L.SUPERSEDED for rid in benched), (on_host, mirrored)
     table = fs(fleet, "bench", "--help", check_rc=0)
     assert "ddtree:budget=32" in table.stdout
