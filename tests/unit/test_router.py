@@ -242,7 +242,7 @@ def test_no_client_request_fails_while_a_worker_is_drained_and_its_engine_restar
         stop.set()
         for t in loops:
             t.join()
-    assert len(codes) > 30 and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
+    assert len(codes) > 10 and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
 
 
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(engines):
