@@ -96,3 +96,67 @@ def test_the_secret_options_are_the_ones_both_parsers_know():
     assert argv_secrets(["--adm", "a1", "--ssl-keyfile", "/k", "--ssl-keyfile-pass=p2", "--api-key=k3"]) == [
         "a1", "p2", "k3"]
     assert not is_secret_option("--ssl-keyfile") and not is_secret_option("--port")
+
+
+# Terminal escapes from a host: made visible at the output boundary -------------------------------
+OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"            # set the clipboard to `rm -rf ~`
+HOSTILE = f"EAGLE{OSC52}\x9b2J\u202ex\x1b[8mhidden\r"
+RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\r")
+
+
+def _clean(text: str) -> None:
+    assert not any(c in text for c in RAW), repr(text)
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07" in text and "\\x9b" in text and "\\u202e" in text, repr(text)
+
+
+def test_history_prints_a_probe_reason_with_escape_sequences_made_visible(tmp_path):
+    """A probe reason the host sent (kept in the ledger) printed through the real CLI: Click
+    stripped only CSI off a terminal, so OSC 52 and C1 controls reached the screen."""
+    from click.testing import CliRunner
+
+    from fleetspec.cli import main
+    from fleetspec.model import ledger as L
+    from fleetspec.model.layout import local_mirror
+
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "inventory" / "key").write_text("k")
+    (tmp_path / "inventory" / "lab.yaml").write_text(
+        "defaults: {ssh_key: key, known_hosts: kh, connect_timeout: 1}\n"
+        "hosts:\n  a: {address: 127.0.0.1, port: 1, vars: {service: sglang-test.service}}\n")
+    mirror = local_mirror(tmp_path, "a", "sglang-test.service")
+    mirror.mkdir(parents=True)
+    lines = [L.Entry.step("r1", "probes", L.StepState.FAILED, reason=f"/server_info says {HOSTILE}").to_line(),
+             L.Entry.status("r1", L.ROLLED_BACK, reason=f"probes: {HOSTILE}").to_line()]
+    (mirror / "ledger.jsonl").write_text("".join(line + "\n" for line in lines))
+    for args in (["history", "a"], ["history", "a", "r1"]):
+        r = CliRunner().invoke(main, ["--root", str(tmp_path), *args])
+        assert r.exit_code == 0, r.output
+        _clean(r.output)
+
+
+def test_status_and_the_deploy_summary_print_host_text_made_visible(capsys):
+    """The served algorithm (status), a probe reason and journal lines (the deploy summary)."""
+    from fleetspec.cli import deploy_cmd, status_cmd
+    from fleetspec.ops.outcome import DeployOutcome, Outcome
+    from fleetspec.ops.status import HostStatus
+
+    status_cmd._emit([HostStatus(host="a", address="127.0.0.1:22", service=SERVICE, reachable=True, health="ok",
+                                 algo=HOSTILE, served_algo=HOSTILE, state="active/running")], False)
+    deploy_cmd._print_deploy_summary([DeployOutcome(host="a", status=Outcome.ROLLED_BACK, reason=f"probes: {HOSTILE}",
+                                                    evidence={"journal": [f"engine: {HOSTILE}"]})])
+    got = capsys.readouterr()
+    _clean(got.out)
+    _clean(got.err)
+
+
+def test_nothing_in_the_cli_prints_around_the_output_boundary():
+    """Every line goes through cli/output.py (echo, Out, Progress): no other printer in cli/."""
+    import re
+
+    cli = ROOT / "fleetspec" / "cli"
+    for path in cli.glob("*.py"):
+        if path.name in ("output.py", "terminal.py"):
+            continue
+        text = path.read_text()
+        assert not re.search(r"click\.(echo|secho)\(|(?<![\w.])print\(|sys\.std(out|err)\.write", text), path
