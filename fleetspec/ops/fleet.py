@@ -66,13 +66,29 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
                pause_at=None, mode="release", prestaged=None) -> DeployOutcome:
     """One host, start to end; every error becomes an outcome so the fleet goes on. `prestaged`:
     the host's prestage (a future of the release id staged there), waited for first."""
+    deploy = None
     try:
         release_id = _prestaged_id(host, prestaged, echo)
         req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
                             options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id)
-        return Deploy(connect(host), req, echo=echo, progress=progress).run()
+        deploy = Deploy(connect(host), req, echo=echo, progress=progress)
+        return deploy.run()
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
+    except Exception as err:  # noqa: BLE001 - one host's surprise must not end the fleet (nor its abort policy)
+        return _internal_outcome(host, err, echo, switched=deploy is not None and deploy.switched)
+
+
+def _internal_outcome(host, err: Exception, echo, switched: bool) -> DeployOutcome:
+    """An error no step turned into a failure: before the switch nothing runs changed (exit 1);
+    after it, or where unknown, the host needs an operator (exit 3)."""
+    reason = f"internal error: {type(err).__name__}: {str(err)[:300]}"
+    status, code = ("needs_attention", 3) if switched else ("failed", 1)
+    echo(f"[{host.name}] {status}: {reason}")
+    out = DeployOutcome(host.name, status, reason=reason, exit_code=code)
+    if switched:
+        out.evidence["command"] = f"fleetspec status {host.name}  (then: fleetspec rollback {host.name})"
+    return out
 
 
 def _error_outcome(host, err: FleetspecError, echo) -> DeployOutcome:

@@ -7,10 +7,10 @@ removed whatever happens; nothing else on the host changes."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from fleetspec.errors import UserError
+from fleetspec.model import hostjson
 from fleetspec.model import kernel as K
 from fleetspec.model import kernel_build as KB
 from fleetspec.remote import facts, files
@@ -108,7 +108,7 @@ def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, 
             t.put_bytes((spec.root / name).read_bytes(), f"{scratch}/{name}", mode=0o600, durable=False)
         r = files.run_python(t, python, REMOTE_BUILD, [scratch, target], timeout=timeout)
         try:
-            result = json.loads(r.stdout.strip().splitlines()[-1])
+            result = hostjson.loads_object(r.stdout.strip().splitlines()[-1], "the build report")
         except (ValueError, IndexError):
             tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.rc}, no output"]
             raise UserError(f"kernels build --on {host.name}: the build did not report ({tail[0]})") from None

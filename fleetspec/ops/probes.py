@@ -8,12 +8,12 @@ is streamed by one host-side loop, so a unit whose process exits fails the probe
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from fleetspec.errors import RemoteError
+from fleetspec.model import hostjson
 from fleetspec.remote import sglang_api, systemd
 
 
@@ -134,9 +134,9 @@ def _after_ready(t, spec: ProbeSpec, waited: float) -> ProbeResult:
     if info is None or info[0] != 200:
         return ProbeResult(False, "server_info", f"/server_info answered {info[0] if info else 'nothing'}", waited)
     try:
-        served = json.loads(info[1]).get("speculative_algorithm")
-    except ValueError:
-        return ProbeResult(False, "server_info", "/server_info is not JSON", waited)
+        served = hostjson.loads_object(info[1], "/server_info").get("speculative_algorithm")
+    except ValueError as err:
+        return ProbeResult(False, "server_info", str(err), waited)
     if spec.expected_algorithm and str(served).upper() != spec.expected_algorithm.upper():
         return ProbeResult(False, "server_info", f"serves {served}, expected {spec.expected_algorithm}", waited,
                            {"speculative_algorithm": served})
@@ -154,6 +154,8 @@ def generate(t, spec: ProbeSpec, prompt: str, max_new_tokens: int, temperature: 
                                    temperature=temperature)
     except (RemoteError, ValueError) as err:
         return {"ok": False, "error": str(err)}
+    if not isinstance(data, dict) or not isinstance(data.get("meta_info", {}), dict):
+        return {"ok": False, "error": "/generate answered a JSON value that is not an object with a meta_info object"}
     meta = data.get("meta_info", {})
     return {"ok": True, "text": data.get("text", ""), "output_ids": data.get("output_ids"),
             "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct"),

@@ -7,8 +7,9 @@ The scripts import only what the host has: sglang (from the overlay), torch, the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
+
+from fleetspec.model import hostjson
 
 _EMIT = '''
 def _emit(ok, **data):
@@ -36,7 +37,7 @@ def parse_result(stdout: str) -> SmokeResult:
         line = line.strip()
         if line.startswith("{"):
             try:
-                data = json.loads(line)
+                data = hostjson.loads(line)
             except ValueError:
                 break
             if isinstance(data, dict):

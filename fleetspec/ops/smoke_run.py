@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec.errors import FleetspecError, UserError
+from fleetspec.model import hostjson
 from fleetspec.model.release import Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote import background, files, stage_host
@@ -58,7 +59,7 @@ def _ran(python: str, rc: int | None, stdout: str, stderr: str) -> dict:
         tail = (stderr.strip().splitlines() or [f"exit {rc}" if rc is not None else
                                                 f"killed or timed out after {SMOKE_TIMEOUT_S} s"])[-1]
         raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
-    return json.loads(marker[-1].split(" ", 1)[1])
+    return hostjson.loads_object(marker[-1].split(" ", 1)[1], "the smoke verdict")
 
 
 def run_smoke_scripts(t: TransportLike, python: str, scripts: list[tuple[str, str]], pythonpath: str | None, rundir: str):

@@ -29,6 +29,7 @@ from typing import Sequence
 
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.identity import controller_id
+from fleetspec.model import hostjson
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.ssh_lib import paramiko
@@ -167,7 +168,7 @@ def guard_script(lock: str, token: str, remote_pid: int) -> str:
 def read_holder(t: TransportLike, lock: str) -> Holder | None:
     text = t.run_script(files.read_optional(holder_path(lock), ""), timeout=30, check=True).stdout
     try:
-        return Holder(**json.loads(text)) if text else None
+        return Holder(**hostjson.loads_object(text, "the holder record")) if text else None
     except (ValueError, TypeError):
         return None
 

@@ -160,3 +160,147 @@ def test_nothing_in_the_cli_prints_around_the_output_boundary():
             continue
         text = path.read_text()
         assert not re.search(r"click\.(echo|secho)\(|(?<![\w.])print\(|sys\.std(out|err)\.write", text), path
+
+
+# Malformed answers from a host: FleetspecErrors at the boundary; a revert and a fleet go on ------
+class RawServer:
+    """Answers every request on 127.0.0.1 with `self.reply` (bytes, as sent), then closes."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.reply = b""
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(self.reply)
+                except OSError:
+                    pass
+
+    def answer(self, body: bytes, *headers: str, status: str = "200 OK") -> None:
+        head = [f"HTTP/1.1 {status}", "Content-Type: application/json", *headers]
+        if not any(h.lower().startswith(("content-length", "transfer-encoding")) for h in headers):
+            head.append(f"Content-Length: {len(body)}")
+        self.reply = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def raw():
+    server = RawServer()
+    yield server
+    server.close()
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+MALFORMED = {"a list": (b"[1, 2]", ()), "deep nesting": (DEEP, ()), "a string": (b'"DDTREE"', ()),
+             "bad Content-Length": (b"{}", ("Content-Length: 12abc",)),
+             "bad chunk size": (b"zz\r\n{}\r\n0\r\n\r\n", ("Transfer-Encoding: chunked",))}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_answer_is_a_remote_error_or_a_failed_probe_never_an_exception(t, raw, case):
+    """A /server_info that is a list, deep JSON and a bad Content-Length raised AttributeError,
+    RecursionError and ValueError out of the probes, /server_info, /generate and the gates."""
+    from fleetspec.errors import RemoteError
+    from fleetspec.ops import gates, probes
+    from fleetspec.remote.facts import server_info
+
+    body, headers = MALFORMED[case]
+    raw.answer(body, *headers)
+    with pytest.raises(RemoteError, match=r"^h: (fact server_info|/server_info|http://127)"):
+        server_info.fetch(t, raw.port)
+    spec = probes.ProbeSpec(port=raw.port, expected_algorithm="DDTREE")
+    got = probes._after_ready(t, spec, 0.0)
+    assert not got.ok and got.stage in ("health", "server_info"), got
+    assert probes.generate(t, spec, "x", 4)["ok"] is False
+    m = gates.measure(t, raw.port, prompts=("p",), rounds=1)
+    assert len(m.prompt_errors) == 1 and not m.outputs
+
+
+def _switched_deploy(t, tmp_path, monkeypatch):
+    """A real Deploy on the loopback host, its preflight stood in, that fails after the switch."""
+    import time as _time
+    from pathlib import PurePosixPath
+
+    from fleetspec.model.layout import HostLayout
+    from fleetspec.model.playbook import Smoke
+    from fleetspec.ops import deploy as deploy_mod
+    from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
+
+    unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
+    pf = SimpleNamespace(staged_ahead=None, unit_bytes=unit, dropins={}, redact=lambda text: text,
+                         summary=lambda: {}, baseline=None, playbook=None)
+    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
+
+    def stage(self):
+        self.switched = True
+        raise StepFailed("probes", "the new engine did not answer")
+    monkeypatch.setattr(Deploy, "_stage", stage)
+    d = Deploy(t, DeployRequest(host=t.host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path),
+               echo=lambda line: None)
+    d.state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
+    d.state.write_baseline(Baseline(service="svc.service", unit_path="/etc/systemd/system/svc.service",
+                                    unit_bytes=unit, dropins={}, exec_argv=[], environment={}, sglang={},
+                                    served_algorithm=None, declared_algorithm=None, taken_at=_time.time()))
+    return d
+
+
+@pytest.mark.parametrize("how", ["probe of a list", "any other error"])
+def test_a_revert_that_meets_a_malformed_answer_writes_revert_failed(t, raw, tmp_path, monkeypatch, how):
+    """The revert's probe error escaped Deploy._revert with a traceback and no "revert failed" line."""
+    from fleetspec.model import ledger as L
+    from fleetspec.ops import probes, switching
+
+    raw.answer(b"[]")
+
+    def revert_to(*a, **k):
+        if how == "any other error":
+            raise RecursionError("maximum recursion depth exceeded")
+        return probes._after_ready(t, probes.ProbeSpec(port=raw.port, expected_algorithm="NONE"), 0.0)
+    monkeypatch.setattr(switching, "revert_to", revert_to)
+    d = _switched_deploy(t, tmp_path, monkeypatch)
+    out = d.run()
+    assert out.status == "needs_attention" and out.exit_code == 3 and "the revert failed too" in out.reason
+    ledger = L.parse((tmp_path / "state" / "svc" / "ledger.jsonl").read_text())
+    assert any(e.name == "revert" and e.state == "failed" for e in ledger.entries), ledger.entries
+
+
+def test_a_host_whose_deploy_raises_anything_is_an_outcome_and_the_abort_still_rolls_back(monkeypatch, tmp_path):
+    """deploy_one caught only FleetspecError: any other error ended the whole fleet with a
+    traceback, and --rollback-all-on-abort never ran for the hosts already moved."""
+    from fleetspec.ops import fleet
+    from fleetspec.ops.deploy import Deploy, DeployOutcome
+
+    def run(self):
+        if self.host.name == "a":
+            return DeployOutcome("a", "healthy", "R-a-new", previous="baseline")
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+    monkeypatch.setattr(Deploy, "__init__", lambda self, t, req, echo, progress: setattr(self, "host", req.host)
+                        or setattr(self, "switched", False))
+    monkeypatch.setattr(Deploy, "run", run)
+    went = {}
+    monkeypatch.setattr("fleetspec.ops.rollback.rollback", lambda t, h, root, to, **k: went.setdefault(h.name, to))
+    hosts = [SimpleNamespace(name="a"), SimpleNamespace(name="b")]
+    strategy = fleet.Strategy.parse(2, canary=0, serial="1", max_fail="0", parallel=0, rollback_all_on_abort=True)
+    lines = []
+    out = {o.host: o for o in fleet.deploy_fleet(hosts, SimpleNamespace(algo="ddtree"), connect=lambda h: None,
+                                                  root=tmp_path, options={}, strategy=strategy, echo=lines.append)}
+    assert out["b"].status == "failed" and "internal error: RecursionError" in out["b"].reason
+    assert went == {"a": None} and out["a"].status == "rolled_back"

@@ -113,5 +113,6 @@ def parse_raw(module: ModuleType, raw: RawFact, host: str, params: Mapping[str, 
         return module.parse(raw.stdout, **params)
     except FactError:
         raise
-    except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise FactError(f"{host}: fact {fact}: cannot parse output: {err}") from None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as err:
+        # whatever shape a host's output takes, it is this host's fact that failed
+        raise FactError(f"{host}: fact {fact}: cannot parse output: {type(err).__name__}: {err}") from None

@@ -6,11 +6,11 @@ the rule is fleetspec.model.hybrid's (the payload's, loaded once).
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetspec.model import hostjson
 from fleetspec.model.hybrid import is_hybrid_config
 
 MISSING = "__FLEETSPEC_NO_CONFIG__"
@@ -36,7 +36,7 @@ def command(path: str) -> str:
 def parse(stdout: str, path: str = "") -> ModelConfig:
     if stdout.strip() == MISSING:
         return ModelConfig(path=path, found=False)
-    config = json.loads(stdout)
+    config = hostjson.loads(stdout)
     if not isinstance(config, dict):
         raise ValueError("config.json is not a JSON object")
     return ModelConfig(path=path, found=True, config=config, is_hybrid=is_hybrid_config(config))
