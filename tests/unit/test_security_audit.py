@@ -304,3 +304,24 @@ def test_a_host_whose_deploy_raises_anything_is_an_outcome_and_the_abort_still_r
                                                   root=tmp_path, options={}, strategy=strategy, echo=lines.append)}
     assert out["b"].status == "failed" and "internal error: RecursionError" in out["b"].reason
     assert went == {"a": None} and out["a"].status == "rolled_back"
+
+
+# A patches folder's `add` line: its path in site-packages stays inside the build ---------------------
+@pytest.mark.parametrize("dest", ["sglang/../../../escape.py", "../outside.py", "sglang/./x.py", "sglang//x.py",
+                                  "sglang/srt/../../../../tmp/d/", "sglang\\..\\x.py"])
+def test_an_add_line_whose_site_packages_path_leaves_the_build_is_refused_at_load(tmp_path, dest):
+    """`..` in the destination wrote outside the build folder on the controller, and the file was
+    silently left out of the patch set."""
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.patchset_build import load_recipe
+
+    root = tmp_path / "sglang-0.5.23"
+    (root / "payload").mkdir(parents=True)
+    (root / "series").write_text("")
+    (root / "payload" / "x.py").write_text("X = 1\n")
+    src = "payload/" if dest.endswith("/") else "payload/x.py"
+    (root / "add").write_text(f"# comment\nsglang/srt/ok.py payload/x.py\n{dest} {src}\n")
+    with pytest.raises(ConfigError, match=r"sglang-0\.5\.23/add: line 3: .*plain parts .*got '"):
+        load_recipe(root)
+    (root / "add").write_text("sglang/srt/ok.py ../sglang-0.5.23/payload/x.py\n")   # a source may be shared
+    assert [d for d, _ in load_recipe(root).adds] == ["sglang/srt/ok.py"]
