@@ -60,8 +60,11 @@ def scratch_dir(rundir: str = RUN_DIR) -> str:
 
 
 def read_optional(path: str, marker: str = "__FLEETSPEC_ABSENT__") -> str:
-    """cat a file, or print a marker when it does not exist (one round trip, no error)."""
-    return f"if [ -e {q(path)} ]; then cat {q(path)}; else printf %s {q(marker)}; fi"
+    """cat a file, or print a marker when it does not exist (one round trip, no error). Anything
+    there that is not a regular file (a FIFO, /dev/zero through a link) is refused, not read."""
+    return (f"if [ -f {q(path)} ]; then cat -- {q(path)}; elif [ -e {q(path)} ]; then "
+            f"printf '%s\\n' {q(path + ': not a regular file; refusing to read it')} >&2; false; "
+            f"else printf %s {q(marker)}; fi")
 
 
 def symlink_atomic(target: str, link: str) -> str:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from fleetspec.errors import RemoteError, UserError
+from fleetspec.remote import limits
 from fleetspec.remote.api import HttpResponse
 from fleetspec.remote.exchange import CHUNK, close_quietly
 from fleetspec.remote.observe import _observe
@@ -71,6 +72,9 @@ class HttpOverSsh:
                 if not chunk:
                     break
                 raw += chunk
+                if len(raw) > limits.HTTP_BODY_MAX + 65536:      # the body, and room for the head
+                    raise RemoteError(f"{where}: the answer runs past {limits.size(limits.HTTP_BODY_MAX)}; "
+                                      f"fleetspec reads at most that much of one HTTP answer")
         except socket.timeout:
             raise RemoteError(f"{where}: no complete answer within {timeout:g}s") from None
         except (paramiko.SSHException, EOFError, OSError) as err:

@@ -225,11 +225,12 @@ class Transport(FileTransfer, HttpOverSsh):
                             f"(user:/become: in {h.inventory_path or 'the inventory'})")
         self._access_ok = True
 
-    def _exec(self, full: str, shown: str, timeout, check, stdin, prelude: Prelude | None = None) -> CommandResult:
+    def _exec(self, full: str, shown: str, timeout, check, stdin, prelude: Prelude | None = None,
+              limit: int | None = None) -> CommandResult:
         self.check_access()
         began = time.monotonic()
         try:
-            result = self._exec_inner(full, shown, timeout, check, stdin)
+            result = self._exec_inner(full, shown, timeout, check, stdin, limit)
         except RemoteError as err:
             _observe(self.name, shown, began, f"error: {err}")
             raise
@@ -241,14 +242,15 @@ class Transport(FileTransfer, HttpOverSsh):
             raise RemoteError(f"{self.name}: `{short(shown)}` exited {result.rc}: {detail[0][:300]}")
         return result
 
-    def _exec_inner(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
+    def _exec_inner(self, full: str, shown: str, timeout, check, stdin,
+                    limit: int | None = None) -> CommandResult:
         timeout = self.host.command_timeout if timeout is None else timeout
         ssh = self.connect()
         try:
             chan = ssh.open_session(timeout=self.host.connect_timeout)
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise RemoteError(f"{self.name}: cannot open a session: {err}") from None
-        ex = Exchange(chan, self.name, shown, timeout)
+        ex = Exchange(chan, self.name, shown, timeout, limit)
         try:
             chan.settimeout(timeout)       # a dead link must not block exec_command forever
             chan.exec_command(full)

@@ -325,3 +325,56 @@ def test_an_add_line_whose_site_packages_path_leaves_the_build_is_refused_at_loa
         load_recipe(root)
     (root / "add").write_text("sglang/srt/ok.py ../sglang-0.5.23/payload/x.py\n")   # a source may be shared
     assert [d for d, _ in load_recipe(root).adds] == ["sglang/srt/ok.py"]
+
+
+# Caps on what a host sends; non-regular files refused where a file is expected ----------------------
+def test_a_config_json_linked_to_dev_zero_or_too_big_is_refused_not_read(t, tmp_path):
+    """Preflight `cat` a config.json that links to /dev/zero until its deadline, keeping all of it."""
+    from fleetspec.remote import facts
+    from fleetspec.remote.facts import model_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").symlink_to("/dev/zero")
+    with pytest.raises(facts.FactError, match=r"^h: fact model_config: .*config.json is not a regular file"):
+        facts.gather(t, model_config, timeout=3, path=str(model))
+    (model / "config.json").unlink()
+    (model / "config.json").write_text('{"pad": "' + "x" * (4 * 1024 * 1024) + '"}')
+    with pytest.raises(facts.FactError, match=r"config.json is larger than 4 MiB"):
+        facts.gather(t, model_config, timeout=10, path=str(model))
+    (model / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    assert facts.gather(t, model_config, path=str(model)).architectures == ["Qwen3ForCausalLM"]
+
+
+def test_files_that_are_not_regular_are_refused_where_a_file_is_expected(t, tmp_path):
+    from fleetspec.errors import RemoteError
+    from fleetspec.remote import files
+
+    with pytest.raises(RemoteError, match=r"/dev/zero: not a regular file; refusing to read it"):
+        files.read_text(t, "/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(RemoteError, match=r"fifo: not a regular file"):
+        files.read_text(t, str(tmp_path / "fifo"))
+    with pytest.raises(RemoteError, match=r"^h: /dev/zero is not a regular file"):
+        t.get_bytes("/dev/zero")
+    (tmp_path / "ok").write_bytes(b"ok\n")
+    assert files.read_text(t, str(tmp_path / "ok")) == "ok\n" and t.get_bytes(str(tmp_path / "ok")) == b"ok\n"
+
+
+def test_command_output_and_http_answers_are_capped(t, raw, monkeypatch):
+    """Output was buffered whole until the deadline: `yes` kept the controller's memory growing."""
+    from fleetspec.errors import RemoteError
+    from fleetspec.remote import limits
+
+    monkeypatch.setattr(limits, "COMMAND_OUTPUT_MAX", 1024 * 1024)
+    with pytest.raises(RemoteError, match=r"^h: yes wrote more than 1 MiB on stdout; fleetspec reads at most"):
+        t.run_script("yes", timeout=3)
+    with pytest.raises(RemoteError, match=r"wrote more than 1 MiB on stderr"):
+        t.run_script("yes >&2", timeout=3)
+    assert len(t.run_script("head -c 1000000 /dev/zero", timeout=10, check=True).stdout_bytes) == 1000000
+    monkeypatch.setattr(limits, "HTTP_BODY_MAX", 1024 * 1024)
+    raw.reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + b" " * (2 * 1024 * 1024)
+    with pytest.raises(RemoteError, match=r"^h: http://127.0.0.1:\d+/health: the answer runs past 1 MiB"):
+        t.http("GET", raw.port, "/health", timeout=3)
+    raw.answer(b"{}")
+    assert t.http("GET", raw.port, "/health").json() == {}
