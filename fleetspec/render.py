@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 import jinja2
+from jinja2.sandbox import SandboxedEnvironment
 
 _CONTROL_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\a": "\\a", "\b": "\\b", "\f": "\\f", "\v": "\\v"}
 _NEEDS_QUOTES = set(" \t\n\r\v\f\"'\\;")
@@ -107,9 +108,11 @@ def oneline(value: object) -> str:
 
 
 def environment(root: str | Path | None = None) -> jinja2.Environment:
-    """Templates from `<root>/templates/`; undefined names fail loudly (StrictUndefined)."""
+    """Templates from `<root>/templates/`; undefined names fail loudly (StrictUndefined). Sandboxed:
+    a template reaches no Python internals (`__class__`, `__globals__` …), so one planted in a
+    fleet root runs no code as the user who renders it (a SecurityError, exit 2)."""
     loader = jinja2.FileSystemLoader(str(Path(root) / "templates")) if root is not None else None
-    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
+    env = SandboxedEnvironment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["systemd_quote"] = systemd_quote
     env.filters["exec_line"] = exec_line

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import jinja2
+from jinja2.sandbox import SandboxedEnvironment
 
 from fleetspec.errors import UserError
 from fleetspec.model import graphsize, launch
@@ -210,7 +211,7 @@ def resolve_options(playbook: Playbook, overrides: Mapping[str, Any], hybrid: bo
     return ResolvedOptions(values=values, notes=tuple(notes))
 
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+_ENV = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
 
 
 def render_flags(playbook: Playbook, host_vars: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:

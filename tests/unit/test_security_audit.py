@@ -378,3 +378,93 @@ def test_command_output_and_http_answers_are_capped(t, raw, monkeypatch):
         t.http("GET", raw.port, "/health", timeout=3)
     raw.answer(b"{}")
     assert t.http("GET", raw.port, "/health").json() == {}
+
+
+# The fleet root, its templates and its known_hosts: only what root's operator controls ---------------
+def test_a_known_hosts_that_is_an_authorized_keys_file_is_refused(tmp_path, sshd, ssh_client_key, inventory_writer):
+    """With accept-new and known_hosts: ~/.ssh/authorized_keys, the host's key line was appended to
+    root's authorized_keys."""
+    from fleetspec.errors import ConfigError
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.remote.transport import Transport
+
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir(mode=0o700)
+    keys = ssh / "authorized_keys"
+    keys.write_text(Path(f"{ssh_client_key}.pub").read_text())
+    before = keys.read_bytes()
+    inv = inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key, known_hosts=keys, policy="accept-new",
+                           trust=False)
+    with pytest.raises(ConfigError, match=r"inv.yaml: defaults.known_hosts: expected a known_hosts file, got "
+                                          r".*/.ssh/authorized_keys is an authorized_keys file"):
+        load_inventory(inv)
+    other = tmp_path / "keys"                     # an authorized_keys file by content, under another name
+    other.write_bytes(before)
+    with pytest.raises(ConfigError, match=r"keys line 1 is not a known_hosts line"):
+        load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key, known_hosts=other,
+                                        policy="accept-new", trust=False))
+    good = tmp_path / "known_hosts"
+    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key, known_hosts=good,
+                                           policy="accept-new", trust=False)).hosts["h"]
+    t = Transport(host, accept_new_host_key=True)
+    try:
+        assert t.run(["true"]).ok
+    finally:
+        t.close()
+    assert good.read_text() == sshd.known_hosts_line and keys.read_bytes() == before
+
+
+def test_templates_and_playbook_flags_are_sandboxed(tmp_path):
+    """A planted template ran Python as the user rendering it (root)."""
+    import jinja2
+
+    from fleetspec import render
+    from fleetspec.errors import UserError
+    from fleetspec.ops import argv as argv_ops
+
+    marker = tmp_path / "PWNED"
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "evil.j2").write_text(
+        "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}")
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        render.environment(tmp_path).get_template("evil.j2").render()
+    playbook = SimpleNamespace(path="p.yaml", launch=SimpleNamespace(flags=[SimpleNamespace(
+        when=None, tokens=["{{ host.__class__.__mro__[1].__subclasses__() }}"])]))
+    with pytest.raises(UserError, match=r"p.yaml: launch.flags\[0\]: bad template: .*unsafe"):
+        argv_ops.render_flags(playbook, {"a": 1}, {})
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root")
+def test_root_refuses_a_fleet_root_that_others_can_change(tmp_path):
+    """Root running fleetspec in a folder under /tmp or another user's home used that user's
+    inventory, playbooks and templates."""
+    import pwd
+
+    from click.testing import CliRunner
+
+    from fleetspec.cli import main
+    from fleetspec.errors import UserError
+    from fleetspec.root import find_root
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    root = tmp_path / "fleet"
+    for sub in ("inventory", "playbooks/ddtree", "templates"):
+        (root / sub).mkdir(parents=True)
+    (root / "templates" / "unit.j2").write_text("x")
+    assert find_root(cwd=root / "playbooks") == root             # root's own, under the sticky /tmp: fine
+    os.chown(root / "templates" / "unit.j2", nobody, -1)
+    with pytest.raises(UserError, match=r"unit.j2 belongs to uid \d+, not root: refusing"):
+        find_root(cwd=root)
+    os.chown(root / "templates" / "unit.j2", 0, -1)
+    (root / "playbooks" / "ddtree").chmod(0o775)
+    with pytest.raises(UserError, match=r"playbooks/ddtree is writable by group or others \(mode 0775\)"):
+        find_root(root)
+    (root / "playbooks" / "ddtree").chmod(0o755)
+    tmp_path.chmod(0o777)                                        # a folder above, writable by all, not sticky
+    try:
+        r = CliRunner().invoke(main, ["--root", str(root), "status"])
+        assert r.exit_code == 2 and f"{tmp_path} is writable by group or others (mode 0777)" in r.output, r.output
+        assert "Traceback" not in r.output
+    finally:
+        tmp_path.chmod(0o700)
