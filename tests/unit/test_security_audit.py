@@ -468,3 +468,67 @@ def test_root_refuses_a_fleet_root_that_others_can_change(tmp_path):
         assert "Traceback" not in r.output
     finally:
         tmp_path.chmod(0o700)
+
+
+# kernels build --on HOST: the ABI a host reports is checked, and checked against its torch facts -----
+FORGING_PYTHON = """#!{python}
+import json, os, sys
+if any("done(library=lib" in a for a in sys.argv[1:]):       # the build program: forge its report
+    scratch = sys.argv[sys.argv.index("-c") + 2]
+    library = os.path.join(scratch, "tree_mask.so")
+    open(library, "wb").write(b"not really a library")
+    print(json.dumps({{"library": library, "abi": dict(json.load(open({forged!r})))}}))
+    sys.exit(0)
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])              # the torch and gpu facts: the real ones
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="need root (the build runs in the root-only /var/lib/fleetspec/run)")
+def test_a_host_cannot_publish_a_kernel_under_a_forged_or_traversing_abi(tmp_path, sshd, ssh_client_key,
+                                                                          inventory_writer):
+    """The reported python_tag/torch/cuda/arch_list became cache path parts unchecked (a folder
+    outside the cache written, an existing one removed) and were never compared with the torch
+    facts of the same host."""
+    import subprocess
+
+    pytest.importorskip("torch")
+    import torch
+
+    from fleetspec.model import kernel as K
+
+    root, cache = tmp_path / "fleet", tmp_path / "cache" / "kernels"
+    for sub in ("inventory", "playbooks", "templates"):
+        (root / sub).mkdir(parents=True)
+    forged, python = tmp_path / "forged.json", tmp_path / "python"
+    python.write_text(FORGING_PYTHON.format(python=sys.executable, forged=str(forged)))
+    python.chmod(0o755)
+    inventory_writer(root / "inventory" / "lab.yaml", {"h1": sshd}, ssh_client_key,
+                     host_vars={"h1": f"{{python: {python}}}"})
+    honest = {"python_tag": "cp%d%d" % sys.version_info[:2], "torch": torch.__version__, "cuda": "cpu",
+              "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "platform": "linux_x86_64", "arch_list": []}
+    source = ROOT / "playbooks/ddtree/kernels/tree_mask"
+    spec = K.load_spec(source)
+    bad_torch = honest["torch"] + "/../../../victim"
+    victim = Path(os.path.realpath(cache / K.cache_key(spec, K.Abi(**{**honest, "torch": bad_torch}))))
+    victim.mkdir(parents=True)
+    (victim / "keep").write_text("an existing folder")
+
+    def build(**tags):
+        forged.write_text(json.dumps({**honest, **tags}))
+        return subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(root), "kernels", "build",
+                               str(source), "--on", "h1", "--cache", str(cache)],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    for tags, said in (({"torch": bad_torch}, "is not a torch tag"),
+                       ({"python_tag": "cp311/../x"}, "python_tag 'cp311/../x' is not a python_tag tag"),
+                       ({"cuda": "12.4", "arch_list": ["9.0"]}, "reported cuda '12.4', but the host's torch facts "
+                                                                 "say 'cpu'"),
+                       ({"torch": "2.99.0+cpu"}, "reported torch '2.99.0+cpu'")):
+        r = build(**tags)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert (victim / "keep").read_text() == "an existing folder"
+    assert not cache.exists() or not any(cache.iterdir())
+    r = build()                                           # the honest report is recorded, under the host's ABI
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in cache.iterdir()] == [K.cache_key(spec, K.Abi(**{**honest, "arch_list": ()}))]
