@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def retake(t: TransportLike, host, root) -> str:
-    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host, host.vars.service))
     with RemoteLock(t, str(state.layout.lock), release="baseline-retake"):
         current = state.current()
         if current:

@@ -31,7 +31,7 @@ class Deploy:
         self.t, self.req, self.echo, self.progress = t, req, echo, progress
         self.host = req.host
         self.service = req.host.vars.service
-        self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
+        self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host, self.service))
         self.t = self.state.carrier()      # each command carries the deferred ledger lines
         self.release_id = req.release_id or new_release_id(req.playbook.algo)
         self.reuse_staged = req.release_id is not None   # a prestaged or staged-ahead release, taken if as planned

@@ -33,7 +33,7 @@ def read_ledger(t: TransportLike, host, root: Path | None = None) -> LedgerRead:
     try:
         return LedgerRead(_redacted(HostState(t, host.name, host.vars.service).ledger_with_archive()), "host")
     except RemoteError as err:
-        local = local_mirror(root, host.name, host.vars.service) / "ledger.jsonl" if root is not None else None
+        local = local_mirror(root, host, host.vars.service) / "ledger.jsonl" if root is not None else None
         if local is None or not local.is_file():
             raise
         return LedgerRead(_redacted(L.parse(local.read_text(errors="replace"))), str(local),

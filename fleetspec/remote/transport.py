@@ -194,6 +194,11 @@ class Transport(FileTransfer, HttpOverSsh):
 
     carries_preludes = True     # run/run_script take a `prelude` (ops/hoststate.py's ledger lines)
 
+    def host_key(self) -> str:
+        """The fingerprint of the key this host proved it holds on connecting (checked against
+        known_hosts there): what the controller's mirror of this host is bound to."""
+        return fingerprint(self.connect().get_remote_server_key())
+
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
             stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult:
         """Run argv (joined with shlex) on the host; as root, or via `sudo -n` (become: sudo)."""

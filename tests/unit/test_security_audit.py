@@ -124,7 +124,7 @@ def test_history_prints_a_probe_reason_with_escape_sequences_made_visible(tmp_pa
     (tmp_path / "inventory" / "lab.yaml").write_text(
         "defaults: {ssh_key: key, known_hosts: kh, connect_timeout: 1}\n"
         "hosts:\n  a: {address: 127.0.0.1, port: 1, vars: {service: sglang-test.service}}\n")
-    mirror = local_mirror(tmp_path, "a", "sglang-test.service")
+    mirror = local_mirror(tmp_path, SimpleNamespace(name="a", address="127.0.0.1", port=1), "sglang-test.service")
     mirror.mkdir(parents=True)
     lines = [L.Entry.step("r1", "probes", L.StepState.FAILED, reason=f"/server_info says {HOSTILE}").to_line(),
              L.Entry.status("r1", L.ROLLED_BACK, reason=f"probes: {HOSTILE}").to_line()]
@@ -532,3 +532,45 @@ def test_a_host_cannot_publish_a_kernel_under_a_forged_or_traversing_abi(tmp_pat
     r = build()                                           # the honest report is recorded, under the host's ABI
     assert r.returncode == 0, r.stderr
     assert [p.name for p in cache.iterdir()] == [K.cache_key(spec, K.Abi(**{**honest, "arch_list": ()}))]
+
+
+# The controller's mirror: keyed by host identity, and checked before a repair ----------------------
+def test_the_mirror_is_keyed_by_host_and_a_repair_needs_the_machine_it_was_taken_from(
+        tmp_path, sshd, sshd_factory, ssh_client_key, inventory_writer):
+    """lab.yaml and example-production.yaml both mirrored ct129 to .fleetspec/hosts/ct129/<svc>/,
+    and a repair compared only the service: a rollback could write another machine's unit file."""
+    import time as _time
+
+    from fleetspec.errors import NeedsAttention
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.model.layout import local_mirror
+    from fleetspec.remote.transport import Transport
+
+    other = sshd_factory()                                   # another machine: its own host key
+    a = load_inventory(inventory_writer(tmp_path / "a.yaml", {"ct129": sshd}, ssh_client_key,
+                                        known_hosts=tmp_path / "kh_a")).hosts["ct129"]
+    b = load_inventory(inventory_writer(tmp_path / "b.yaml", {"ct129": other}, ssh_client_key,
+                                        known_hosts=tmp_path / "kh_b")).hosts["ct129"]
+    fleet = tmp_path / "fleet"
+    assert local_mirror(fleet, a, SERVICE) != local_mirror(fleet, b, SERVICE)
+    unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
+    baseline = Baseline(service=SERVICE, unit_path=f"/etc/systemd/system/{SERVICE}", unit_bytes=unit, dropins={},
+                        exec_argv=[], environment={}, sglang={}, served_algorithm=None, declared_algorithm=None,
+                        taken_at=_time.time(), modes={f"/etc/systemd/system/{SERVICE}": 0o644})
+    mirror = local_mirror(fleet, a, SERVICE)
+    ta, tb = Transport(a), Transport(b)
+    try:
+        HostState(ta, "ct129", SERVICE, mirror=mirror, root=tmp_path / "state-a").write_baseline(baseline)
+        assert json.loads((mirror / "identity.json").read_text())["host_key"] == ta.host_key()
+        assert mode(mirror / "identity.json") == 0o600
+        # the machine behind b's name answers at a's folder (same name and address, reinstalled or swapped)
+        swapped = HostState(tb, "ct129", SERVICE, mirror=mirror, root=tmp_path / "state-b")
+        with pytest.raises(NeedsAttention, match=r"taken from host key SHA256:\S+, this host shows SHA256:\S+: it may "
+                                                 r"be another machine's"):
+            swapped.baseline_from_text("{torn", repair=True)
+        assert not (tmp_path / "state-b").exists()              # nothing written on the other machine
+        same = HostState(ta, "ct129", SERVICE, mirror=mirror, root=tmp_path / "state-a")
+        assert same.baseline_from_text("{torn", repair=True).unit_bytes == unit and same.repaired
+    finally:
+        ta.close()
+        tb.close()
