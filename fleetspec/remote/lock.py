@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from fleetspec.errors import RemoteError, UserError
-from fleetspec.identity import controller_id
+from fleetspec.identity import controller_id, machine_boot
 from fleetspec.model import hostjson
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
@@ -64,6 +64,7 @@ class Holder:
     remote_pid: int | None = None
     controller: str = ""            # fleetspec.identity.controller_id() of the holder's controller
     token: str = ""                 # this holding's random id; names its record and heartbeat files
+    boot: str = ""                  # fleetspec.identity.machine_boot() where `pid` lives ("": unknown)
 
     def describe(self) -> str:
         age = time.time() - self.since
@@ -71,8 +72,10 @@ class Holder:
                 f"release {self.release}, for {age:.0f}s)")
 
     def ours(self) -> bool:
-        """Written by this controller (same id), so its pid means something here."""
-        return bool(self.controller) and self.controller == controller_id()
+        """Written by this controller (same id) on this machine in this boot, so its pid means
+        something here: a copied id (a cloned VM, a shared $HOME) on another machine does not."""
+        return bool(self.controller) and self.controller == controller_id() and bool(self.boot) \
+            and self.boot == machine_boot()
 
     def dead_here(self) -> bool:
         """True when the holder is this controller's and its process is gone: a stale lock whose
@@ -186,6 +189,25 @@ def heartbeat_age(t: TransportLike, lock: str, holder: Holder) -> float | None:
         return None
 
 
+def session_beating(t: TransportLike, lock: str, holder: Holder) -> bool:
+    """True when the holder's heartbeat file grows while the host watches it for a few beats:
+    its session is alive there, whatever a pid here says. One command; it sleeps on the host."""
+    if not holder.token or not holder.token.isalnum():
+        return False
+    hb = q(heartbeat_path(lock, holder.token))
+    span = round(2.5 * heartbeat_s() + 0.5, 2)
+    r = t.run_script(f"a=$(stat -c %s {hb} 2>/dev/null) || exit 0; sleep {span}; "
+                     f"b=$(stat -c %s {hb} 2>/dev/null) || exit 0; [ \"$a\" = \"$b\" ] || echo BEATING",
+                     timeout=span + 30, check=False)
+    return "BEATING" in r.stdout
+
+
+def ended_here(t: TransportLike, lock: str, holder: Holder | None) -> bool:
+    """A holder this controller may end by itself: its process is gone here (dead_here) and its
+    session on the host is not alive either. Never the id alone."""
+    return holder is not None and holder.dead_here() and not session_beating(t, lock, holder)
+
+
 def is_held(t: TransportLike, lock: str) -> bool:
     r = t.run_script(f"[ -e {q(lock)} ] || exit 0; flock -n {q(lock)} true", timeout=30, check=False)
     return r.rc != 0
@@ -203,7 +225,7 @@ def busy(t: TransportLike, lock: str) -> UserError | None:
     if not is_held(t, lock):
         return None
     holder = read_holder(t, lock)
-    if holder is not None and holder.dead_here():
+    if ended_here(t, lock, holder):
         return None
     return UserError(busy_message(t.host.name, lock, holder))
 
@@ -217,7 +239,7 @@ class RemoteLock:
         self._files_removed = False
         self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
                                        pid=os.getpid(), since=time.time(), release=release,
-                                       controller=controller_id(), token=secrets.token_hex(16))
+                                       controller=controller_id(), token=secrets.token_hex(16), boot=machine_boot())
         self.channel = None
         self.remote_pid: int | None = None
         self._heartbeat = heartbeat
@@ -251,7 +273,7 @@ class RemoteLock:
                         break
                     time.sleep(0.2)
                     holder = read_holder(self.t, self.lock)
-                if attempt == 1 and holder is not None and holder.dead_here():
+                if attempt == 1 and ended_here(self.t, self.lock, holder):
                     # Its process is gone from this controller; only its orphaned session holds on.
                     self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
                     _end_holder(self.t, self.lock, holder)

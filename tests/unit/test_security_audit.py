@@ -574,3 +574,52 @@ def test_the_mirror_is_keyed_by_host_and_a_repair_needs_the_machine_it_was_taken
     finally:
         ta.close()
         tb.close()
+
+
+# The controller id can be copied: a pid is judged only on its own machine and boot, never against a live session
+@pytest.fixture
+def quick_beats(monkeypatch):
+    monkeypatch.setenv("FLEETSPEC_LOCK_HEARTBEAT_S", "0.2")
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+@pytest.mark.parametrize("where", ["a clone (same id, other machine or boot)", "this machine, session alive"])
+def test_a_live_holder_with_a_copied_controller_id_is_never_ended(t, tmp_path, monkeypatch, quick_beats, where):
+    """A clone of the controller (same id file) judged a live holder on another machine dead by
+    its pid and ended its lock without --force."""
+    import secrets
+    import socket
+    import time as _time
+
+    from fleetspec.errors import UserError
+    from fleetspec.identity import ENV, machine_boot
+    from fleetspec.remote.lock import Holder, RemoteLock, busy, is_held, read_holder
+
+    monkeypatch.setenv(ENV, "controller-copied-id")
+    boot = "0123456789abcdef" if where.startswith("a clone") else machine_boot()
+    lock = str(tmp_path / "lock")
+    holder = Holder(who="ops", machine=socket.gethostname(), pid=_dead_pid(), since=_time.time(), release="r-live",
+                    controller="controller-copied-id", token=secrets.token_hex(16), boot=boot)
+    live = RemoteLock(t, lock, release="r-live", holder=holder).__enter__()     # beats: its session is alive
+    try:
+        _time.sleep(0.5)
+        assert isinstance(busy(t, lock), UserError)
+        with pytest.raises(UserError, match=r"is held by ops .*fleetspec unlock h --force"):
+            RemoteLock(t, lock, release="r-second").__enter__()
+        assert is_held(t, lock) and read_holder(t, lock).token == holder.token
+        live.stop_heartbeat()                      # its session goes quiet: this controller may now end it,
+        if where.startswith("a clone"):            # unless the pid is another machine's: --force is for that
+            with pytest.raises(UserError, match="is held by ops"):
+                RemoteLock(t, lock, release="r-second").__enter__()
+        else:
+            with RemoteLock(t, lock, release="r-second") as mine:
+                assert read_holder(t, lock).token == mine.holder.token
+    finally:
+        live.__exit__(None, None, None)
