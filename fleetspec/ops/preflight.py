@@ -212,6 +212,9 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     loaded = preload_patchsets(playbook)
     got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
+    for k in ("sglang", "torch"):             # the host's python is one others could change: refused, said why
+        if isinstance(got[k], FactError) and "runs as root, but" in str(got[k]):
+            raise UserError(f"{got[k]} (vars.python in {host.inventory_path})")
     sg, tv, disk, model, gpus = (_or_none(got[k]) for k in ("sglang", "torch", "disk", "model", "gpus"))
     path = _model_path(host, svc.exec_argv)
     if path != _model_path(host, []):          # ExecStart names another model than the inventory

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -623,3 +624,69 @@ def test_a_live_holder_with_a_copied_controller_id_is_never_ended(t, tmp_path, m
                 assert read_holder(t, lock).token == mine.holder.token
     finally:
         live.__exit__(None, None, None)
+
+
+# The host's python runs as root only from a tree only root can change --------------------------------
+@pytest.fixture
+def user_venv(tmp_path):
+    """A venv that `nobody` owns (as when the service's own User= pip-installed sglang), in a folder
+    it can reach, with a .pth that `nobody` itself planted: it would run at every interpreter start."""
+    import shutil
+    import subprocess
+
+    if shutil.which("runuser") is None or os.geteuid() != 0:
+        pytest.skip("need root and runuser")
+    top = Path(f"/tmp/fleetspec-sec-{os.getpid()}")
+    top.mkdir(mode=0o755)
+    try:
+        venv = top / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        subprocess.run(["chown", "-R", "nobody", str(venv)], check=True)
+        site = next(venv.glob("lib/python3*/site-packages"))
+        pth = f"import os; open({str(top / 'ran-as')!r}, 'a').write(str(os.getuid()) + chr(10))"
+        r = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", f"printf '%s\\n' {shlex.quote(pth)} > {site}/zz.pth"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and (site / "zz.pth").stat().st_uid != 0, r.stderr
+        yield SimpleNamespace(python=str(venv / "bin" / "python3"), ran=top / "ran-as", top=top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_venv_others_can_write_is_never_run_as_root(t, user_venv, tmp_path):
+    """Its .pth ran as root at the next `fleetspec status` (sglang and torch facts), smoke run,
+    stage program and kernel build."""
+    from fleetspec.remote import facts, files
+    from fleetspec.remote.facts import sglang as sglang_fact
+    from fleetspec.remote.facts import torch as torch_fact
+
+    for fact in (sglang_fact, torch_fact):
+        with pytest.raises(facts.FactError, match=r"^h: \S+/venv/bin/python3 runs as root, but \S+/venv can be changed "
+                                                  r"by others \(owner uid \d+, mode 755\): refusing to run it"):
+            facts.gather(t, fact, python=user_venv.python)
+    r = files.run_python(t, user_venv.python, "print('ran')", rundir=str(tmp_path / "run"))
+    assert r.rc == files.UNTRUSTED_RC and "ran" not in r.stdout and files.UNTRUSTED in r.stderr
+    r = files.run_python_from_root(t, user_venv.python, "print('ran')")
+    assert r.rc == files.UNTRUSTED_RC and "ran" not in r.stdout
+    assert not user_venv.ran.exists(), user_venv.ran.read_text()       # the planted .pth never ran (as anyone)
+    os.system(f"chown -R root {user_venv.top}/venv")                     # the same venv, root's: runs
+    r = files.run_python(t, user_venv.python, "print('ran')", rundir=str(tmp_path / "run"))
+    assert r.rc == 0 and r.stdout.strip() == "ran" and set(user_venv.ran.read_text().split()) == {"0"}
+    (user_venv.top / "venv").chmod(0o775)                               # group-writable: refused again
+    r = files.run_python(t, user_venv.python, "print('again')", rundir=str(tmp_path / "run"))
+    assert r.rc == files.UNTRUSTED_RC and "mode 775" in r.stderr
+
+
+def test_an_in_place_copy_never_writes_through_a_link_planted_at_its_temp_name(t, tmp_path):
+    """The copy into site-packages went to the fixed name `<file>.fleetspec-tmp`: a link planted
+    there sent root's write to any file."""
+    from fleetspec.remote import files
+
+    site, victim = tmp_path / "site", tmp_path / "victim"
+    site.mkdir()
+    victim.write_text("precious\n")
+    (site / "spec_info.py").write_text("old\n")
+    (site / "spec_info.py.fleetspec-tmp").symlink_to(victim)
+    (tmp_path / "new.py").write_text("new\n")
+    t.run_script(files.copy_atomic(str(tmp_path / "new.py"), str(site / "spec_info.py")), timeout=30, check=True)
+    assert victim.read_text() == "precious\n" and (site / "spec_info.py").read_text() == "new\n"
+    assert sorted(p.name for p in site.iterdir()) == ["spec_info.py", "spec_info.py.fleetspec-tmp"]
