@@ -3,7 +3,9 @@
 `systemctl restart` returns 0 even for a unit that crashes, so readiness is decided only by what
 the service answers: /ready, /health, /server_info (the resolved algorithm) and a real greedy
 /generate. /v1/models answers before warm-up and is never used. While waiting, the unit's state
-is streamed by one host-side loop, so a unit whose process exits fails the probe at once.
+is streamed by one host-side loop, so a unit whose process exits fails the probe at once. Once
+/ready answers, the answers count only if every listener on the port is one of the unit's own
+processes (remote/facts/listener.py): a local user who bound the port first is not the service.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Callable
 
 from fleetspec.errors import RemoteError
 from fleetspec.model import hostjson
-from fleetspec.remote import sglang_api, systemd
+from fleetspec.remote import facts, sglang_api, systemd
+from fleetspec.remote.facts import listener
 
 
 @dataclass
@@ -101,6 +104,9 @@ def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
         else:
             ready = _get(t, spec, "/ready")
             if ready is not None and ready[0] == 200:
+                foreign = listener_problem(t, service, spec.port)
+                if foreign:
+                    return ProbeResult(False, "listener", foreign, waited, {"port": spec.port})
                 return _after_ready(t, spec, waited)
             last = f"/ready {ready[0]}" if ready else "/ready: connection refused"
         progress(f"waiting for {service}: {unit.active_state}/{unit.sub_state}, {last}, "
@@ -115,6 +121,16 @@ def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
             stream.watch(pause, lambda u, replaced=replaced: systemd.exited(u, since) or
                          (not replaced and systemd.started_since(u, since)))
         delay = min(delay * 1.5, max(spec.interval, POLL_CAP_S))
+
+
+def listener_problem(t, service: str, port: int) -> str | None:
+    """Why what answers on `port` is not `service` (remote/facts/listener.py), or None: the unit's
+    cgroup and the listeners' pids in one command, once /ready answered."""
+    try:
+        owner = facts.gather(t, listener, service=service, port=port, timeout=30)
+    except RemoteError as err:
+        return f"cannot tell who listens on port {port}: {err}"
+    return owner.reason() or None
 
 
 def _get(t, spec: ProbeSpec, path: str):

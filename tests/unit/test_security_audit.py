@@ -690,3 +690,78 @@ def test_an_in_place_copy_never_writes_through_a_link_planted_at_its_temp_name(t
     t.run_script(files.copy_atomic(str(tmp_path / "new.py"), str(site / "spec_info.py")), timeout=30, check=True)
     assert victim.read_text() == "precious\n" and (site / "spec_info.py").read_text() == "new\n"
     assert sorted(p.name for p in site.iterdir()) == ["spec_info.py", "spec_info.py.fleetspec-tmp"]
+
+
+# Probes count only answers from the unit's own processes ---------------------------------------------
+SQUATTER = r'''
+import ctypes, http.server, json, sys
+ctypes.CDLL(None).prctl(15, b"\x1b]52;c;cA==\x07", 0, 0, 0)       # comm: the user's own text
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"speculative_algorithm": "DDTREE"}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+'''
+
+
+@pytest.fixture
+def squatter():
+    import shutil
+    import subprocess
+
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed")
+    p = subprocess.Popen([sys.executable, "-c", SQUATTER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        yield SimpleNamespace(pid=p.pid, port=port,
+                              cgroup=[ln.split(":", 2)[2] for ln in Path(f"/proc/{p.pid}/cgroup").read_text().splitlines()])
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_an_answer_counts_only_from_a_listener_in_the_units_cgroup(t, squatter, tmp_path):
+    """Whoever bound the API port first answered /ready, /health, /server_info and /generate, and
+    the release was committed healthy. The unit's ControlGroup comes from a stand-in systemctl
+    (this machine runs no systemd); ss, the pid and /proc/<pid>/cgroup are the real ones."""
+    from fleetspec.remote.facts import listener
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+
+    def owner(unit_cgroup: str):
+        (shim / "systemctl").write_text(f"#!/bin/sh\necho {shlex.quote(unit_cgroup)}\n")
+        (shim / "systemctl").chmod(0o755)
+        r = t.run_script(f"PATH={shim}:$PATH; " + listener.command(SERVICE, squatter.port), timeout=30, check=True)
+        return listener.parse(r.stdout, SERVICE, squatter.port)
+
+    other = owner("/system.slice/sglang-test.service")
+    assert not other.ok and [p.pid for p in other.foreign()] == [squatter.pid]
+    assert other.reason() == (f"port {squatter.port} is held by pid {squatter.pid} (\x1b]52;c;cA==\x07), not by a "
+                              f"process of {SERVICE} (cgroup /system.slice/sglang-test.service): its answers are "
+                              f"not the service's")
+    own = max(squatter.cgroup, key=len)                    # the listener's own cgroup as the unit's: it counts
+    assert owner(own).ok and owner(own).reason() == ""
+    assert owner(own.rstrip("/") + "-other").foreign()     # a sibling whose name merely starts alike does not
+    assert not owner("").ok and "which is not running" in owner("").reason()
+    free = listener.parse("cgroup /system.slice/x.service\n", SERVICE, 1)
+    assert not free.ok and free.reason() == "nothing listens on port 1"
+    assert "`ss` (iproute2) is not on the host" in listener.parse(listener.NO_SS, SERVICE, 1).reason()
+
+
+def test_the_readiness_probe_asks_who_listens_before_it_counts_an_answer(t, squatter):
+    """probes._wait checks the listener once /ready answered (the lab test drives it on a real unit)."""
+    import inspect
+
+    from fleetspec.ops import probes
+
+    said = probes.listener_problem(t, SERVICE, squatter.port)      # no systemd here: nothing is known to be its own
+    assert said == f"cannot tell who listens on port {squatter.port}: systemctl is not on the host"
+    src = inspect.getsource(probes._wait)
+    assert src.index("listener_problem(") < src.index("_after_ready(")
