@@ -30,10 +30,10 @@ PORT = 30977
 PIDFILE = "/tmp/fleetspec-squatter.pid"
 SQUATTER = r'''
 import ctypes, http.server, json, os
-ctypes.CDLL(None).prctl(15, b"\x1b]52;c;cm0gLXJm\x07", 0, 0, 0)
+ctypes.CDLL(None).prctl(15, b"\x1b]52;c;cm0=\x07", 0, 0, 0)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"speculative_algorithm": "DDTREE\x1b]52;c;cm0gLXJm\x07", "version": "0.5.23"}).encode()
+        body = json.dumps({"speculative_algorithm": "DDTREE\x1b]52;c;cm0=\x07", "version": "0.5.23"}).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
     def log_message(self, *a):
@@ -68,11 +68,11 @@ def test_a_local_user_on_the_api_port_is_not_the_service(lab_fleet, tmp_path_fac
         row = json.loads(_status(root, host, "--json").stdout.splitlines()[0])
         assert row["health"] == "unhealthy" and row["served_algo"] is None, row
         said = " ".join(row["notes"])
-        assert f"port {PORT} is held by pid {pid} (\x1b]52;c;cm0gLXJm\x07), not by a process of {R.SERVICE}" in said
+        assert f"port {PORT} is held by pid {pid} (\x1b]52;c;cm0=\x07), not by a process of {R.SERVICE}" in said
         shown = _status(root, host)                                   # the table: the comm shown escaped
         text = shown.stdout + shown.stderr
         assert "\x1b" not in text and "\x07" not in text, repr(text)
-        assert "\\x1b]52;c;cm0gLXJm\\x07" in text and f"pid {pid}" in text, text
+        assert "\\x1b]52;c;cm0=\\x07" in text and f"pid {pid}" in text, text
         inv = load_inventory(root / "inventory" / "lab.yaml").hosts[host]
         own_port = load_inventory(lab_fleet.inventory).hosts[host].vars.api_port
         t = Transport(inv)
