@@ -282,7 +282,7 @@ def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None,
 
 def _foreign_listener(row: HostStatus, owner) -> str | None:
     """Why what answered on the port is not the service (facts/listener.py), when it answered."""
-    if not row.http.isdigit():
+    if not (row.http or "").isdigit():
         return None
     if isinstance(owner, FleetspecError):
         row.notes.append(_short_error(owner))

@@ -55,6 +55,7 @@ def _status(root, host, *extra):
 def test_a_local_user_on_the_api_port_is_not_the_service(lab_fleet, tmp_path_factory):
     host = lab_fleet.hosts[0]
     lab = R.Lab(lab_fleet)
+    R.wait_healthy(lab_fleet.root, host)          # the engine on its own port: its listener is the unit's
     start = f"rm -f {PIDFILE}; cd / && setsid python3 -c {shlex.quote(SQUATTER)} </dev/null >/dev/null 2>&1 &"
     lab.sh(host, f"runuser -u nobody -- sh -c {shlex.quote(start)}")
     try:

@@ -95,7 +95,10 @@ def _comm(od_text: str) -> str:
 def parse(stdout: str, service: str = "", port: int = 0) -> PortOwner:
     if stdout.strip() in (NO_SS, NO_SYSTEMCTL):
         return PortOwner(port, service, checked=False, missing="ss" if stdout.strip() == NO_SS else "systemctl")
-    cgroup, pids, comms, bare, seen = "", {}, {}, 0, []
+    cgroup, bare = "", 0
+    pids: dict[int, tuple[str, ...]] = {}
+    comms: dict[int, str] = {}
+    seen: list[int] = []
     for line in stdout.splitlines():
         kind, _, rest = line.partition(" ")
         if kind == "cgroup":
