@@ -103,7 +103,8 @@ def test_a_venv_a_local_user_can_write_is_never_run_as_root(lab_fleet, tmp_path_
         assert f"{VENV}/bin/python3 runs as root, but {VENV} can be changed by others (owner uid 1002" in said, row
         plan = R.fs(root, "deploy", host, "--algo", "ddtree", "--plan")
         assert plan.returncode == 2 and "Traceback" not in plan.stderr, (plan.stdout, plan.stderr)
-        assert f"runs as root, but {VENV} can be changed" in plan.stderr and "vars.python in" in plan.stderr, plan.stderr
+        out = plan.stdout + plan.stderr                                 # --plan says a refusal on stdout
+        assert f"runs as root, but {VENV} can be changed" in out and "vars.python in" in out, out
         assert lab.rc(host, f"test -e {MARKER}") != 0, lab.sh(host, f"cat {MARKER}")   # never ran, as anyone
     finally:
         lab.sh(host, f"rm -rf {VENV} {MARKER}", ok=False)
