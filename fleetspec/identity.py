@@ -1,12 +1,16 @@
-"""This controller's identity: a random id made once and kept in its state folder.
+"""This controller's identity: a random id made once and kept in its state folder, and the
+machine and boot it runs in.
 
 Hostnames repeat (cloned VMs, CI runners all called `runner`), so a lock holder is matched to
 "us" by this id, never by the hostname: a pid is only meaningful on the controller that wrote it.
-`$FLEETSPEC_CONTROLLER_ID` overrides it (tests run two controllers from one machine).
+The id file can be copied (a cloned VM, machines sharing $HOME), so a pid is only judged where
+`machine_boot()` is the one the holder recorded too: the same machine-id and the same boot.
+`$FLEETSPEC_CONTROLLER_ID` overrides the id (tests run two controllers from one machine).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -66,3 +70,22 @@ def _read(path: Path) -> str | None:
     except OSError as err:
         raise UserError(f"{path}: cannot read this controller's id: {err.strerror}") from None
     return text if _VALID.match(text) else None
+
+
+def machine_boot() -> str:
+    """This machine and this boot, hashed ("" where they cannot be read: then no pid is ever
+    judged). A pid names a process only on the machine, and in the boot, that made it: a clone
+    has another boot id (and usually another machine-id), a reboot another boot id."""
+    def first(*paths: str) -> str:
+        for path in paths:
+            try:
+                text = Path(path).read_text().strip()
+            except OSError:
+                continue
+            if text:
+                return text
+        return ""
+
+    machine = first("/etc/machine-id", "/var/lib/dbus/machine-id")
+    boot = first("/proc/sys/kernel/random/boot_id")
+    return hashlib.sha256(f"{machine}\n{boot}".encode()).hexdigest()[:16] if boot else ""

@@ -14,11 +14,12 @@ from fleetspec.systemd_unit import environment_line, exec_line, oneline, systemd
 
 
 def environment(root: str | Path | None = None) -> jinja2.Environment:
-    """Templates from `<root>/templates/` (none without a root); undefined names fail loudly
-    (StrictUndefined)."""
+    """Templates from `<root>/templates/`; undefined names fail loudly (StrictUndefined). Sandboxed:
+    a template reaches no Python internals (`__class__`, `__globals__` …), so one planted in a
+    fleet root runs no code as the user who renders it (a SecurityError, exit 2)."""
     loader = jinja2.FileSystemLoader(str(Path(root) / "templates")) if root is not None else None
     env = SandboxedEnvironment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
-                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["systemd_quote"] = systemd_quote
     env.filters["exec_line"] = exec_line
     env.filters["oneline"] = oneline

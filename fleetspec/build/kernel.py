@@ -14,7 +14,17 @@ from pathlib import Path
 
 from fleetspec.build import compile_flags as flags
 from fleetspec.errors import ConfigError, UserError
-from fleetspec.model.kernel import KERNEL_CACHE, KERNEL_JSON, Abi, Kernel, KernelSpec, cache_key, load_kernel, load_spec
+from fleetspec.model.kernel import (
+    KERNEL_CACHE,
+    KERNEL_JSON,
+    Abi,
+    Kernel,
+    KernelSpec,
+    abi_problem,
+    cache_key,
+    load_kernel,
+    load_spec,
+)
 
 
 def cached_build(spec: KernelSpec, abi: Abi, cache: Path) -> Kernel | None:
@@ -29,7 +39,11 @@ def cached_build(spec: KernelSpec, abi: Abi, cache: Path) -> Kernel | None:
 
 def record_build(spec: KernelSpec, abi: Abi, library: bytes, cache: Path) -> Kernel:
     """Put a library built for `abi` into the cache with its sources and kernel.json (staged
-    beside the target, then renamed into place), wherever it was compiled."""
+    beside the target, then renamed into place), wherever it was compiled. Tags that could not
+    name a build (a `/` or `..` would place, or remove, a folder outside the cache) are refused."""
+    why = abi_problem(abi)
+    if why:
+        raise UserError(f"kernel {spec.name}: refusing to record a build whose ABI {why}")
     folder = Path(cache) / cache_key(spec, abi)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as work:

@@ -115,6 +115,10 @@ def _add_line(root: Path, n: int, line: str) -> list[tuple[str, Path]]:
     src = root / rel
     if Path(rel).is_absolute() or dest.startswith("/") or dest.endswith("/") != rel.endswith("/"):
         raise ConfigError(*where, f"relative paths, both ending in / for a folder, got {line!r}")
+    if any(part in ("", ".", "..") for part in dest.rstrip("/").split("/")) or "\\" in dest:
+        # `..` wrote outside the build folder and left the file out of the patch set
+        raise ConfigError(*where, f"a path in site-packages of plain parts (no '.', '..' or empty part), "
+                                  f"got {dest!r}")
     if src.is_symlink() or not (src.is_dir() if rel.endswith("/") else src.is_file()):
         what = "folder" if rel.endswith("/") else "file"
         raise ConfigError(*where, f"a {what} at {rel} (relative to {root}), not found")

@@ -36,7 +36,9 @@ class FleetspecGroup(click.Group):
         try:
             return super().invoke(ctx)
         except FleetspecError as err:
-            click.echo(f"fleetspec: {err}", err=True)
+            from fleetspec.cli.output import echo
+
+            echo(f"fleetspec: {err}", err=True)
             sys.exit(err.exit_code)
 
 

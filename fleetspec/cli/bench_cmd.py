@@ -6,7 +6,7 @@ import json
 
 import click
 
-from fleetspec.cli.output import Progress, echo_table
+from fleetspec.cli.output import Progress, echo, echo_table
 
 
 def _runs(obj, specs):
@@ -42,7 +42,7 @@ def bench(obj, host, algos, concurrency, requests, max_new_tokens, as_json):
     progress.line(None)
     if as_json:
         for r in rows:
-            click.echo(json.dumps(r.__dict__, sort_keys=True, default=str))
+            echo(json.dumps(r.__dict__, sort_keys=True, default=str))
         return
     levels = list(concurrency)
     echo_table(["host", "algo", "options", "served", "accept length", *[f"tok/s c={c}" for c in levels],

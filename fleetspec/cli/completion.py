@@ -64,7 +64,7 @@ def complete_releases(ctx, param, incomplete):
     host_name = ctx.params.get("host") or next(iter(ctx.params.get("targets") or ()), None)
     host = c.inv.hosts.get(host_name) if host_name else None
     if host is not None:
-        files = [local_mirror(c.root_path, host.name, host.vars.service) / "ledger.jsonl"]
+        files = [local_mirror(c.root_path, host, host.vars.service) / "ledger.jsonl"]
     else:
         files = sorted(c.root_path.glob(str(local_mirror(Path(), "*", "*") / "ledger.jsonl")))
     seen: dict[str, str] = {}

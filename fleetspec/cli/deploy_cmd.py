@@ -11,7 +11,7 @@ import sys
 import click
 
 from fleetspec.cli.completion import complete_algos, complete_hosts, complete_releases, complete_targets
-from fleetspec.cli.output import Progress, echo_table
+from fleetspec.cli.output import Progress, echo, echo_table
 from fleetspec.model.gpuhealth import CHECKS as GPU_CHECKS
 
 
@@ -88,7 +88,7 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
     progress.line(None)
     if as_json:
         for o in outcomes:
-            click.echo(json.dumps(o.to_json(), default=str, sort_keys=True))
+            echo(json.dumps(o.to_json(), default=str, sort_keys=True))
     elif plan_only:
         for o in outcomes:
             _print_plan(o)
@@ -96,8 +96,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
         _print_deploy_summary(outcomes)
     staged = [o.host for o in outcomes if o.status == "staged"]
     if staged and not as_json:
-        click.echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
-                   "(nothing sent, its smoke verdict kept)")
+        echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
+             "(nothing sent, its smoke verdict kept)")
     sys.exit(max((o.exit_code for o in outcomes), default=0))
 
 
@@ -113,41 +113,41 @@ def _refuse_with_stage_only(**given) -> None:
 
 def _print_plan(o) -> None:
     if o.plan is None:
-        click.echo(f"{o.host}: {o.status}: {o.reason}")
+        echo(f"{o.host}: {o.status}: {o.reason}")
         return
     p = o.plan.to_dict()
-    click.echo(f"== {p['host']} ({p['service']}, sglang {p['sglang']}): {p['previous']} -> {p['algo']} "
-               f"(serves {p['expected_algorithm']})")
+    echo(f"== {p['host']} ({p['service']}, sglang {p['sglang']}): {p['previous']} -> {p['algo']} "
+         f"(serves {p['expected_algorithm']})")
     for note in p["notes"]:
-        click.echo(f"   note: {note}")
+        echo(f"   note: {note}")
     launch = p.get("launch")
     if launch:
-        click.echo(f"-- ExecStart form: {launch['form']}" + (f" (prefix {launch['prefix']})" if launch["prefix"] else "")
-                   + f"; algorithm as written: {launch['baseline_algorithm'] or 'none'}")
+        echo(f"-- ExecStart form: {launch['form']}" + (f" (prefix {launch['prefix']})" if launch["prefix"] else "")
+             + f"; algorithm as written: {launch['baseline_algorithm'] or 'none'}")
         for label, key in (("kept", "kept"), ("dropped", "dropped"), ("carried", "carried")):
             words = " ".join(shlex.join(item) for item in launch[key])
-            click.echo(f"   {label}: {words or '-'}")
-        click.echo(f"   added: {shlex.join(launch['added']) or '-'}")
+            echo(f"   {label}: {words or '-'}")
+        echo(f"   added: {shlex.join(launch['added']) or '-'}")
         for before, after in launch.get("changed", []):
-            click.echo(f"   changed: {shlex.join(before)} -> {shlex.join(after)}")
+            echo(f"   changed: {shlex.join(before)} -> {shlex.join(after)}")
         for label, key in (("env unset", "env_dropped"), ("env kept", "env_kept"), ("env simulated", "simulated_env")):
             if launch[key]:
-                click.echo(f"   {label}: {', '.join(launch[key])}")
-    click.echo(p["execstart_diff"].rstrip() or "   ExecStart unchanged")
-    click.echo("-- drop-in to install:")
-    click.echo(p["dropin"].rstrip())
-    click.echo(f"-- files to push ({len(p['files'])} + {len(p['kernels'])} kernels):")
+                echo(f"   {label}: {', '.join(launch[key])}")
+    echo(p["execstart_diff"].rstrip() or "   ExecStart unchanged")
+    echo("-- drop-in to install:")
+    echo(p["dropin"].rstrip())
+    echo(f"-- files to push ({len(p['files'])} + {len(p['kernels'])} kernels):")
     for path, digest in {**p["files"], **p["kernels"]}.items():
-        click.echo(f"   {digest[:16]}  {path}")
-    click.echo(f"-- smoke tests: {', '.join(p['smoke']) or 'none'}")
-    click.echo(f"-- steps: {' -> '.join(p['steps'])}")
-    click.echo(f"-- gates: {', '.join(p['gates']) or 'none'}")
+        echo(f"   {digest[:16]}  {path}")
+    echo(f"-- smoke tests: {', '.join(p['smoke']) or 'none'}")
+    echo(f"-- steps: {' -> '.join(p['steps'])}")
+    echo(f"-- gates: {', '.join(p['gates']) or 'none'}")
 
 
 def _print_deploy_summary(outcomes) -> None:
     for o in outcomes:
         if o.status == "refused":
-            click.echo(f"fleetspec: {o.reason if o.reason.startswith(o.host) else o.host + ': ' + o.reason}", err=True)
+            echo(f"fleetspec: {o.reason if o.reason.startswith(o.host) else o.host + ': ' + o.reason}", err=True)
     if all(o.status == "refused" for o in outcomes) and len(outcomes) == 1:
         return
     rows = []
@@ -159,14 +159,14 @@ def _print_deploy_summary(outcomes) -> None:
     echo_table(["host", "outcome", "release", "failed step", "gate figures", "time", "why"], rows)
     for o in outcomes:
         if o.status == "needs_attention":
-            click.echo(f"{o.host} needs attention: run {o.evidence.get('command', f'fleetspec rollback {o.host}')}",
-                       err=True)
+            echo(f"{o.host} needs attention: run {o.evidence.get('command', f'fleetspec rollback {o.host}')}",
+                 err=True)
         elif o.evidence.get("command"):
-            click.echo(f"{o.host}: next, run {o.evidence['command']}", err=True)
+            echo(f"{o.host}: next, run {o.evidence['command']}", err=True)
         elif o.evidence.get("journal"):
-            click.echo(f"{o.host} journal (last lines):", err=True)
+            echo(f"{o.host} journal (last lines):", err=True)
             for line in o.evidence["journal"][-8:]:
-                click.echo(f"  {line}", err=True)
+                echo(f"  {line}", err=True)
 
 
 @click.command()
@@ -186,11 +186,11 @@ def rollback(obj, targets, to, as_json):
     progress = Progress(enabled=not as_json)
     results, code = rollback_fleet(obj.select(targets, False), to, connect=obj.transport, root=obj.root_path,
                                    echo=progress.echo, progress=progress.line,
-                                   on_error=lambda err: None if as_json else click.echo(f"fleetspec: {err}", err=True))
+                                   on_error=lambda err: None if as_json else echo(f"fleetspec: {err}", err=True))
     progress.line(None)
     if as_json:
         for r in results:
-            click.echo(json.dumps(r, default=str, sort_keys=True))
+            echo(json.dumps(r, default=str, sort_keys=True))
     else:
         echo_table(["host", "outcome", "from", "to", "time", "note"],
                    [[r["host"], r["status"], r.get("left") or "baseline" if r["status"] != "error" else "-",
@@ -215,7 +215,7 @@ def unlock(obj, host, force):
 
     h = obj.select([host], False)[0]
     holder = force_unlock(obj.transport(h), str(HostLayout(h.vars.service).lock))
-    click.echo(f"{h.name}: unlocked (was held by {holder.describe()})" if holder else f"{h.name}: not locked")
+    echo(f"{h.name}: unlocked (was held by {holder.describe()})" if holder else f"{h.name}: not locked")
 
 
 @click.command()
@@ -231,7 +231,7 @@ def baseline(obj, host, retake):
     from fleetspec.ops.baseline import retake as do_retake
 
     h = obj.select([host], False)[0]
-    click.echo(do_retake(obj.transport(h), h, obj.root_path))
+    echo(do_retake(obj.transport(h), h, obj.root_path))
 
 
 COMMANDS = [deploy, rollback, unlock, baseline]

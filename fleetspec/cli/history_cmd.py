@@ -15,7 +15,7 @@ import time
 import click
 
 from fleetspec.cli.completion import complete_hosts, complete_releases
-from fleetspec.cli.output import Out, wrap
+from fleetspec.cli.output import Out, echo, wrap
 from fleetspec.cli.timeline import secs as _secs
 from fleetspec.cli.timeline import spans_of, timeline
 
@@ -208,17 +208,17 @@ def history(obj, host, release, as_json, limit):
     h = obj.select([host], False)[0]
     got = ops.read_ledger(obj.transport(h), h, obj.root_path)
     if got.warning:
-        click.echo(f"warning: {got.warning}", err=True)
+        echo(f"warning: {got.warning}", err=True)
     skipped = got.parsed.skipped
     if skipped:
-        click.echo(f"warning: {h.name}: skipped {len(skipped)} torn ledger line(s): {skipped[:5]}", err=True)
+        echo(f"warning: {h.name}: skipped {len(skipped)} torn ledger line(s): {skipped[:5]}", err=True)
     if as_json:
         entries = got.parsed.entries
         if release:
             rid = ops.find(got.parsed, h.name, release).id
             entries = [e for e in entries if e.release == rid]
         for e in entries[-limit:]:
-            click.echo(e.to_line())
+            echo(e.to_line())
         return
     out = Out()
     if release:

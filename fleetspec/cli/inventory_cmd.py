@@ -44,7 +44,7 @@ def show(obj, targets, as_json):
     Example: fleetspec -i ~/ansible/hosts.ini inventory show @gpu
     """
     from fleetspec.cli.history_cmd import pretty
-    from fleetspec.cli.output import Out
+    from fleetspec.cli.output import Out, echo
     from fleetspec.model.ansible_inventory import SECRET_KEYS, detect, native_data
 
     inv = obj.inv
@@ -56,8 +56,8 @@ def show(obj, targets, as_json):
         ignored = {n: e.get("_ignored_secrets", []) for n, e in data["hosts"].items()}
     if as_json:
         for h in hosts:
-            click.echo(json.dumps({"host": h.name, **host_view(h), "ignored_secrets": ignored.get(h.name, [])},
-                                  sort_keys=True, default=str))
+            echo(json.dumps({"host": h.name, **host_view(h), "ignored_secrets": ignored.get(h.name, [])},
+                            sort_keys=True, default=str))
         return
     out = Out()
     label = {"native": "fleetspec inventory", "ini": "Ansible INI inventory", "yaml": "Ansible YAML inventory"}[kind]

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from fleetspec.build import kernel as KB
-from fleetspec.cli.output import echo_table
+from fleetspec.cli.output import echo, echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import kernel as K
 
@@ -77,10 +77,10 @@ def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home, 
             kernel, built = KB.build_kernel(folder, cache, out, verbose, cuda=cuda, arch=arch)
         abi = kernel.abi
         where = f" on {host.name}" if host is not None else ""
-        click.echo(f"{kernel.name}: {'built' if built else 'cached'}{where} {kernel.path} "
-                   f"(torch {abi.torch}, {abi.python_tag}, cuda {abi.cuda}, cxx11_abi {abi.cxx11_abi}, "
-                   f"{abi.platform}{', arch ' + ';'.join(abi.arch_list) if abi.arch_list else ''}, "
-                   f"sha256 {kernel.sha256[:12]})")
+        echo(f"{kernel.name}: {'built' if built else 'cached'}{where} {kernel.path} "
+             f"(torch {abi.torch}, {abi.python_tag}, cuda {abi.cuda}, cxx11_abi {abi.cxx11_abi}, "
+             f"{abi.platform}{', arch ' + ';'.join(abi.arch_list) if abi.arch_list else ''}, "
+             f"sha256 {kernel.sha256[:12]})")
 
 
 @kernels_group.command("list")
@@ -93,7 +93,7 @@ def list_(ctx, sources, cache, as_json):
     """Cached builds of each kernel folder's current sources."""
     builds = [k for folder in _sources(ctx, sources) for k in K.built_kernels(folder, cache)]
     if as_json:
-        click.echo(json.dumps([{**k.to_json(), "path": str(k.path)} for k in builds], indent=2))
+        echo(json.dumps([{**k.to_json(), "path": str(k.path)} for k in builds], indent=2))
         return
     echo_table(["kernel", "torch", "python", "cuda", "cxx11", "platform", "sha256", "path"],
                [[k.name, k.abi.torch, k.abi.python_tag, k.abi.cuda, str(k.abi.cxx11_abi), k.abi.platform,

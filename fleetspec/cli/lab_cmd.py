@@ -6,6 +6,8 @@ import json
 
 import click
 
+from fleetspec.cli.output import echo
+
 
 def _root(ctx):
     return ctx.obj.root_path
@@ -25,12 +27,12 @@ def up_cmd(ctx, host_list):
     from fleetspec.lab import lab as lab_ops
 
     names = [n.strip() for n in host_list.split(",") if n.strip()]
-    result = lab_ops.up(_root(ctx), names, log=lambda m: click.echo(m, err=True))
+    result = lab_ops.up(_root(ctx), names, log=lambda m: echo(m, err=True))
     for name, addr in sorted(result.addresses.items()):
         how = "started" if name in result.started else "reused" if name in result.reused else "kept"
-        click.echo(f"{name:10} {addr:15} {how}")
-    click.echo(f"inventory: {result.inventory}  ({result.seconds:.1f} s"
-               f"{', image built' if result.image_built else ''})")
+        echo(f"{name:10} {addr:15} {how}")
+    echo(f"inventory: {result.inventory}  ({result.seconds:.1f} s"
+         f"{', image built' if result.image_built else ''})")
 
 
 @lab.command("down")
@@ -53,7 +55,7 @@ def down_cmd(ctx, everything):
     problems = lab_ops.down(root, everything=everything)
     if problems:
         raise click.ClickException("left behind: " + "; ".join(problems))
-    click.echo("lab is down")
+    echo("lab is down")
 
 
 @lab.command("status")
@@ -65,14 +67,14 @@ def status_cmd(ctx, as_json):
 
     rows = lab_ops.status(_root(ctx))
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        echo(json.dumps(rows, indent=1))
         return
     if not rows:
-        click.echo("no lab hosts (fleetspec lab up)")
+        echo("no lab hosts (fleetspec lab up)")
     for r in rows:
-        click.echo(f"{r['host']:10} {r['address']:15} {r['profile']:6} sglang {r['sglang']:13} "
-                   f"{'running' if r['running'] else 'stopped'}  ssh={'ok' if r['ssh'] else 'no'}  "
-                   f"service={r['service'] or '-'}")
+        echo(f"{r['host']:10} {r['address']:15} {r['profile']:6} sglang {r['sglang']:13} "
+             f"{'running' if r['running'] else 'stopped'}  ssh={'ok' if r['ssh'] else 'no'}  "
+             f"service={r['service'] or '-'}")
 
 
 @lab.command("fault")
@@ -91,7 +93,7 @@ def fault_cmd(ctx, host, kinds, clear):
     if not clear and not kinds:
         raise UserError("lab fault: name at least one KIND[=VALUE], or --clear")
     active = faults.clear(_root(ctx), host) if clear else faults.apply(_root(ctx), host, kinds)
-    click.echo(f"{host}: faults {json.dumps(active) if active else 'none'}")
+    echo(f"{host}: faults {json.dumps(active) if active else 'none'}")
 
 
 COMMANDS = [lab]

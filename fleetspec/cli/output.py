@@ -8,6 +8,14 @@ import threading
 
 import click
 
+from fleetspec.cli.terminal import safe
+
+
+def echo(message="", err: bool = False, file=None, nl: bool = True) -> None:
+    """click.echo for every line fleetspec prints: control characters a host may have sent are
+    made visible (cli/terminal.py). Nothing in fleetspec/cli calls click.echo but this."""
+    click.echo(safe(str(message)), err=err, file=file, nl=nl)
+
 
 class Progress:
     """Step lines go to stdout as they happen; the progress line is redrawn in place on a TTY
@@ -26,7 +34,7 @@ class Progress:
             return
         with self._lock:
             self._clear()
-            click.echo(line, file=self.stream)
+            echo(line, file=self.stream)
 
     def line(self, text: str | None) -> None:
         if not self.enabled:
@@ -38,7 +46,7 @@ class Progress:
                 self._clear()
                 return
             if self.tty:
-                self.stream.write("\r\x1b[2K" + text[: shutil.get_terminal_size()[0] - 1])
+                self.stream.write("\r\x1b[2K" + safe(text)[: shutil.get_terminal_size()[0] - 1])
                 self.stream.flush()
                 self._shown = True
             else:
@@ -46,7 +54,7 @@ class Progress:
                 now = time.monotonic()
                 if now - self._last_plain.get(key, 0) >= 5:
                     self._last_plain[key] = now
-                    click.echo(text, file=self.stream)
+                    echo(text, file=self.stream)
 
     def _clear(self) -> None:
         if self._shown:
@@ -75,7 +83,7 @@ class Out:
         self.width = self.console.width
 
     def line(self, text: str = "", style_spans=()) -> None:
-        t = self.Text(text)
+        t = self.Text(safe(text))
         for start, end, style in style_spans:
             t.stylize(style, start, end)
         self.console.print(t, soft_wrap=True)
@@ -89,7 +97,7 @@ def echo_table(headers: list[str], rows: list[list], width: int | None = None) -
     """A table that fits the terminal and never cuts a word: columns without spaces keep their
     width, the others wrap at spaces; when even that does not fit, one block per row."""
     for line in table_lines(headers, rows, width or _width()):
-        click.echo(line)
+        echo(line)
 
 
 def _width() -> int:
@@ -178,6 +186,6 @@ def verbose_observer(obj, stream=None):
         lines = what.strip("\n").splitlines() or [""]
         text = f"[{host}] {seconds:.3f}s {outcome}: {lines[0]}" + "".join(f"\n    {x}" for x in lines[1:])
         with lock:
-            click.echo(text, err=True, file=stream)
+            echo(text, err=True, file=stream)
 
     return observe

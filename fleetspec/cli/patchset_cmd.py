@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from fleetspec.build import patchset as B
-from fleetspec.cli.output import echo_table
+from fleetspec.cli.output import echo, echo_table
 from fleetspec.errors import UserError
 from fleetspec.model import patchset as P
 
@@ -45,8 +45,8 @@ def build(ctx, folders, version, wheels, cache):
         ps = done.patchset
         adds = sum(f.action == "add" for f in ps.files)
         how = f"built in {time.monotonic() - started:.1f}s" if done.built else "cached"
-        click.echo(f"{folder}: {how}: {ps.root} ({ps.package}=={ps.version}, "
-                   f"{len(ps.files) - adds} replaced, {adds} added)")
+        echo(f"{folder}: {how}: {ps.root} ({ps.package}=={ps.version}, "
+             f"{len(ps.files) - adds} replaced, {adds} added)")
 
 
 @patchset_group.command("verify")
@@ -58,7 +58,7 @@ def verify(folder, wheels):
     result = P.verify_patchset(B.load_patchset(folder), wheels)
     ps = result.patchset
     against = f"RECORD of {result.wheel.name}" if result.record_checked else "no cached wheel: base hashes not checked"
-    click.echo(f"ok: {ps.root} ({ps.package}=={ps.version}, {len(ps.files)} files; {against})")
+    echo(f"ok: {ps.root} ({ps.package}=={ps.version}, {len(ps.files)} files; {against})")
 
 
 @patchset_group.command("show")
@@ -68,13 +68,13 @@ def show(folder, as_json):
     """List a patch set's files."""
     ps = B.load_patchset(folder)
     if as_json:
-        click.echo(json.dumps(ps.to_json(), indent=2))
+        echo(json.dumps(ps.to_json(), indent=2))
         return
-    click.echo(f"{ps.package}=={ps.version}  ({ps.root})")
+    echo(f"{ps.package}=={ps.version}  ({ps.root})")
     echo_table(["path", "action", "sha256", "base sha256"],
                [[f.path, f.action, f.sha256[:12], (f.base_sha256 or "")[:12]] for f in ps.files])
     if ps.extra_top_level:
-        click.echo(f"extra top level: {', '.join(ps.extra_top_level)}")
+        echo(f"extra top level: {', '.join(ps.extra_top_level)}")
 
 
 COMMANDS = [patchset_group]

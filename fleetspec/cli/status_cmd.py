@@ -8,6 +8,7 @@ import sys
 import click
 
 from fleetspec.cli.completion import complete_targets
+from fleetspec.cli.output import echo
 
 STYLES = {"ok": "green", "active": "green", "active/running": "green", "pristine": "green", "healthy": "green",
           "down": "red", "failed": "red", "unreachable": "red", "unhealthy": "red", "loading": "yellow",
@@ -54,11 +55,11 @@ def status(obj, targets, all_hosts, as_json, workers, watch, deadline, interval)
             from rich.console import Console
 
             Console().clear()
-            click.echo(f"fleetspec status --watch: {elapsed:.0f}s of {deadline:.0f}s")
+            echo(f"fleetspec status --watch: {elapsed:.0f}s of {deadline:.0f}s")
             _table(rows)
         else:
-            click.echo(f"[{elapsed:5.1f}s] " + ", ".join(f"{r.host} {r.health if r.reachable else 'unreachable'}"
-                                                         for r in rows))
+            echo(f"[{elapsed:5.1f}s] " + ", ".join(f"{r.host} {r.health if r.reachable else 'unreachable'}"
+                                                   for r in rows))
 
     result = do_watch(obj.pool, hosts, deadline, interval=interval, workers=workers, on_round=on_round)
     if as_json:
@@ -66,18 +67,18 @@ def status(obj, targets, all_hosts, as_json, workers, watch, deadline, interval)
     elif not tty:
         _table(result.rows)
     if result.all_ok:
-        click.echo(f"all {len(result.rows)} hosts ok after {result.seconds:.0f}s", err=True)
+        echo(f"all {len(result.rows)} hosts ok after {result.seconds:.0f}s", err=True)
     else:
         waiting = [f"{r.host} ({r.health if r.reachable else 'unreachable'})" for r in result.rows
                    if not (r.reachable and r.health == "ok")]
-        click.echo(f"fleetspec: deadline {deadline:.0f}s passed; not ok: {', '.join(waiting)}", err=True)
+        echo(f"fleetspec: deadline {deadline:.0f}s passed; not ok: {', '.join(waiting)}", err=True)
     sys.exit(result.exit_code)
 
 
 def _emit(rows, as_json: bool) -> None:
     if as_json:
         for row in rows:
-            click.echo(json.dumps(row.to_json(), sort_keys=True))
+            echo(json.dumps(row.to_json(), sort_keys=True))
     else:
         _table(rows)
 

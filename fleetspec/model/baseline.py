@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Collection, Mapping
 
+from fleetspec.model import hostjson
+
 REDACTED = "<redacted>"
 SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
 
@@ -48,7 +50,7 @@ class Baseline:
 
     @classmethod
     def from_json(cls, text: str) -> "Baseline":
-        raw = json.loads(text)
+        raw = hostjson.loads_object(text, "baseline.json")
         unit = base64.b64decode(raw.pop("unit_bytes"))
         if sha256(unit) != raw.pop("unit_sha256"):
             raise ValueError("baseline unit bytes do not match their recorded sha256")

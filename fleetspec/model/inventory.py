@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from fleetspec.errors import ConfigError, UserError
+from fleetspec.model import known_hosts
 from fleetspec.model.names import is_service
 from fleetspec.model.router import RouterSpec, parse_routers
 from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
@@ -285,6 +286,10 @@ def _connection_fields(f: Fields, path: Path, base: dict[str, Any]) -> dict[str,
             out.setdefault(key, None)
     if out.get("ssh_key") is not None and "ssh_key" in f.data and not out["ssh_key"].is_file():
         f.fail("ssh_key", f"key file {out['ssh_key']} not found")
+    if out.get("known_hosts") is not None and "known_hosts" in f.data:
+        why = known_hosts.problem(out["known_hosts"])
+        if why:
+            f.fail("known_hosts", f"expected a known_hosts file, got {why}")
     out["host_key_policy"] = f.choice("host_key_policy", POLICIES, out.get("host_key_policy", "strict"))
     config = f.get("ssh_config", str, None)
     if config is not None:

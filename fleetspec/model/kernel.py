@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -182,6 +183,33 @@ def check_abi(kernel: Kernel, host_facts: Any, host: str | None = None) -> None:
         if missing:
             raise UserError(f"kernel {kernel.name} was built for GPU arch {', '.join(kernel.abi.arch_list)}; "
                             f"{who} has {', '.join(map(str, missing))}: {fix}")
+
+
+# What each ABI tag may be: it becomes part of a cache folder's name (a host reports it when it
+# builds, `kernels build --on`), so no `/`, no `..`, nothing but what real tags hold.
+ABI_FIELDS = {
+    "python_tag": re.compile(r"cp3\d{1,2}"),
+    "torch": re.compile(r"\d+\.\d+(\.?[A-Za-z0-9]+)*(\+[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?"),
+    "cuda": re.compile(r"cpu|\d{1,3}\.\d{1,3}(\.\d{1,3})?"),
+    "platform": re.compile(r"[a-z0-9_]{1,64}"),
+    "arch": re.compile(r"\d{1,3}\.\d{1,3}[a-z]?(\+PTX)?"),
+}
+
+
+def abi_problem(abi: Abi) -> str | None:
+    """Why these tags cannot name a build (None when they can)."""
+    for field in ("python_tag", "torch", "cuda", "platform"):
+        value = getattr(abi, field)
+        if not isinstance(value, str) or not ABI_FIELDS[field].fullmatch(value):
+            return f"{field} {value!r} is not a {field} tag"
+    if not isinstance(abi.cxx11_abi, bool):
+        return f"cxx11_abi {abi.cxx11_abi!r} is not true or false"
+    if not isinstance(abi.arch_list, tuple) or len(abi.arch_list) > 32 or not all(
+            isinstance(a, str) and ABI_FIELDS["arch"].fullmatch(a) for a in abi.arch_list):
+        return f"arch_list {list(abi.arch_list)!r} is not a list of GPU arch tags (e.g. 9.0, 8.6+PTX)"
+    if (abi.cuda == "cpu") != (not abi.arch_list):
+        return f"cuda {abi.cuda!r} with arch_list {list(abi.arch_list)!r}: a CPU build has no arch, a CUDA build some"
+    return None
 
 
 def cache_key(spec: KernelSpec, abi: Abi) -> str:

@@ -3,8 +3,10 @@ a copy of each host service's ledger and baseline under the fleet root's .fleets
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 STATE_ROOT = PurePosixPath("/var/lib/fleetspec")
 
@@ -42,7 +44,18 @@ class HostLayout:
         return self.releases / release_id
 
 
-def local_mirror(root: Path, host_name: str, service: str) -> Path:
+def mirror_key(host: Any) -> str:
+    """`<name>@<address>_<port>`: two inventories may give one name to different machines (the
+    lab's ct129 and a production ct129), and one machine's copy must never serve the other. A
+    str is taken as it is (a glob pattern)."""
+    if isinstance(host, str):
+        return host
+    return f"{host.name}@{re.sub(r'[^A-Za-z0-9._-]', '_', str(host.address))}_{int(host.port)}"
+
+
+def local_mirror(root: Path, host: Any, service: str) -> Path:
     """The fleet root's copy of a host service's ledger and baseline: written beside every ledger
-    line and baseline, read when the host cannot be reached or its baseline is damaged."""
-    return Path(root) / ".fleetspec" / "hosts" / host_name / service
+    line and baseline, read when the host cannot be reached or its baseline is damaged. Keyed by
+    the host's name and address (mirror_key); its identity.json holds the host key it was taken
+    from, which a repair must see again (ops/hoststate.py)."""
+    return Path(root) / ".fleetspec" / "hosts" / mirror_key(host) / service

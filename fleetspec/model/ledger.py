@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from enum import StrEnum
 from typing import Any, Iterable
 
+from fleetspec.model import hostjson
 from fleetspec.model.names import is_name
 
 
@@ -157,7 +158,7 @@ def _parse(text: str) -> ParsedLedger:
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
+            raw = hostjson.loads(line)
             entry = Entry(**{k: raw[k] for k in ("kind", "release", "name", "state", "ts", "by", "detail")})
         except (ValueError, KeyError, TypeError):
             skipped.append(number)

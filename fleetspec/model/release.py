@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fleetspec.model import hostjson
 from fleetspec.model.names import check_name, relpath_problem
 
 BASELINE = "baseline"
@@ -46,7 +47,7 @@ class Release:
     @classmethod
     def from_json(cls, text: str) -> "Release":
         """A manifest read back from a host: its names become path parts, so each is checked."""
-        release = cls(**json.loads(text))
+        release = cls(**hostjson.loads_object(text, "the release manifest"))
         check_name(release.id, "release id")
         check_name(release.previous, "previous release id")
         for path in [*release.files, *release.base_files]:

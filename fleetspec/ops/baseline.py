@@ -8,11 +8,11 @@ since the live ExecStart would then be fleetspec's, not the operator's.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import FleetspecError, RemoteError, UserError
+from fleetspec.model import hostjson
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, recorded_environment
 from fleetspec.model.layout import local_mirror
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def retake(t: TransportLike, host, root) -> str:
-    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host, host.vars.service))
     with RemoteLock(t, str(state.layout.lock), release="baseline-retake"):
         current = state.current()
         if current:
@@ -71,7 +71,7 @@ def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
     try:
         r = t.http("GET", pf.host.vars.api_port, "/server_info", timeout=10)
         if r.status == 200:
-            served = json.loads(r.body).get("speculative_algorithm")
+            served = hostjson.loads_object(r.body, "/server_info").get("speculative_algorithm")
     except (RemoteError, ValueError):
         pass
     return Baseline(

@@ -32,7 +32,7 @@ class BenchRow:
 
 def bench_host(t, host, root, runs: list[tuple[str, dict]], *, concurrency=(1, 4), requests=16,
                max_new_tokens=64, echo=print, progress=lambda _: None) -> list[BenchRow]:
-    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host, host.vars.service))
     start_on = state.current()
     rows, made = [], []
     try:

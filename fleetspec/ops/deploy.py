@@ -31,7 +31,8 @@ from fleetspec.remote.systemd import UnitStream
 
 
 def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
-           progress: Callable[[str | None], None] = lambda line: None) -> DeployOutcome:
+           progress: Callable[[str | None], None] = lambda line: None,
+           on_start: Callable[[Deploy], None] = lambda d: None) -> DeployOutcome:
     """Preflight (read-only; refuses bad input before the host is touched), then the deploy it decided."""
     started = time.monotonic()
     try:
@@ -41,7 +42,8 @@ def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = p
             raise
         return DeployOutcome(req.host.name, Outcome.PLANNED, None, None, "", {}, {}, planned.plan,
                              round(time.monotonic() - started, 2), 0.0, 0)
-    return Deploy(t, req, pf, echo, progress).run()
+    on_start(run := Deploy(t, req, pf, echo, progress))    # on a surprise, the caller can tell if it switched
+    return run.run()
 
 
 class Deploy:
@@ -52,7 +54,7 @@ class Deploy:
         self.progress: Callable[[str | None], None] = lambda line: progress(pf.redact(line) if line else line)
         self.host = req.host
         self.service = req.host.vars.service
-        self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host.name, self.service))
+        self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host, self.service))
         self.state.redact = pf.redact                                               # … nor in the ledger
         self.t = self.state.carrier()      # each command carries the deferred ledger lines
         self.release_id = req.release_id or new_release_id(req.playbook.algo)
@@ -239,13 +241,7 @@ class Deploy:
 
         if not self.req.run_gates or not gates.needs_baseline(gates.for_host(self.pf.playbook.gates, self.host)):
             return {"skipped": True}
-        before = gates.measure_for(self.t, self.pf)
-        if before.errors:     # the gates never compare against a partial baseline
-            raise StepFailed("measure", f"{len(before.errors)} of the baseline's requests failed or came back "
-                                        f"malformed (first: {before.errors[0]}); nothing live changed: the gates "
-                                        f"would compare against a partial baseline",
-                             {"figures": before.figures(), "errors": before.errors[:5]})
-        self.pf.before = before
+        self.pf.before = before = gates.measure_baseline(self.t, self.pf)     # never a partial one
         return {"figures": before.figures()}
 
     def _switch(self) -> dict:
@@ -332,6 +328,8 @@ class Deploy:
             self._progress(None)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
+        except Exception as err:  # noqa: BLE001 - whatever the revert met, it failed: say so, exit 3
+            result = probes.ProbeResult(False, "revert", f"internal error: {type(err).__name__}: {err}")
         self.step_seconds["revert"] = round(time.monotonic() - began, 3)
         self.revert_wait = result.waited_s
         if not result.ok:

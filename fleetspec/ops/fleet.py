@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fleetspec.errors import FleetspecError, UserError
-from fleetspec.ops.deploy import DeployOutcome, DeployRequest, deploy
+from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest, deploy
 from fleetspec.ops.outcome import Outcome, StepFailed
 
 Connect = Callable[[Any], Any]   # host -> its transport (the command's pool keeps one per host)
@@ -66,14 +66,29 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
                pause_at=None, mode="release", prestaged=None, allow_unhealthy=False) -> DeployOutcome:
     """One host, start to end; every error becomes an outcome so the fleet goes on. `prestaged`:
     the host's prestage (a future of the release id staged there), waited for first."""
+    started: list[Deploy] = []
     try:
         release_id = _prestaged_id(host, prestaged, echo)
         req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
                             options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id,
                             allow_unhealthy=allow_unhealthy)
-        return deploy(connect(host), req, echo=echo, progress=progress)
+        return deploy(connect(host), req, echo=echo, progress=progress, on_start=started.append)
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
+    except Exception as err:  # noqa: BLE001 - one host's surprise must not end the fleet (nor its abort policy)
+        return _internal_outcome(host, err, echo, switched=bool(started) and started[0].switched)
+
+
+def _internal_outcome(host, err: Exception, echo, switched: bool) -> DeployOutcome:
+    """An error no step turned into a failure: before the switch nothing runs changed (exit 1);
+    after it, or where unknown, the host needs an operator (exit 3)."""
+    reason = f"internal error: {type(err).__name__}: {str(err)[:300]}"
+    status, code = (Outcome.NEEDS_ATTENTION, 3) if switched else (Outcome.FAILED, 1)
+    echo(f"[{host.name}] {status}: {reason}")
+    out = DeployOutcome(host.name, status, reason=reason, exit_code=code)
+    if switched:
+        out.evidence["command"] = f"fleetspec status {host.name}  (then: fleetspec rollback {host.name})"
+    return out
 
 
 def _error_outcome(host, err: FleetspecError, echo) -> DeployOutcome:

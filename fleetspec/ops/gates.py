@@ -7,7 +7,8 @@ returns pass, fail or inconclusive. Inconclusive (no data, errors, too few sampl
 unless the gate is `dry_run`, which records and never blocks.
 
 Every answer counts: a `/generate` that failed or came back malformed (no `output_ids` list of
-token ids, a non-numeric accept length, no completion count) is an error, never a skipped prompt
+token ids, one whose length is not the answer's own completion count, a non-numeric accept length,
+no completion count) is an error, never a skipped prompt
 or an empty output, and any error makes acceptance and parity inconclusive; parity compares
 whole id lists, lengths included.
 """
@@ -19,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from fleetspec.errors import RemoteError
+from fleetspec.errors import FleetspecError, RemoteError
 from fleetspec.remote import sglang_api
 
 GOLDEN_PROMPTS = (
@@ -87,8 +88,9 @@ def _is_int(x) -> bool:
 
 def check_answer(data) -> None:
     """ValueError unless a /generate answer has what the gates read: `output_ids` (a list of token
-    ids), a `meta_info` object whose `completion_tokens` is a count and whose
-    `spec_accept_length`, where present, is a number."""
+    ids, as many as `meta_info.completion_tokens` says: two empty lists would otherwise compare
+    equal for texts that differ), a `meta_info` object whose `completion_tokens` is a count and
+    whose `spec_accept_length`, where present, is a number."""
     if not isinstance(data, dict):
         raise ValueError("malformed answer: not a JSON object")
     ids = data.get("output_ids")
@@ -99,6 +101,9 @@ def check_answer(data) -> None:
         raise ValueError("malformed answer: no meta_info object")
     if not _is_int(meta.get("completion_tokens")) or meta["completion_tokens"] < 0:
         raise ValueError("malformed answer: meta_info.completion_tokens is not a count")
+    if len(ids) != meta["completion_tokens"]:
+        raise ValueError(f"malformed answer: {len(ids)} output_ids for meta_info.completion_tokens "
+                         f"{meta['completion_tokens']}")
     accept = meta.get("spec_accept_length")
     if accept is not None and (not isinstance(accept, (int, float)) or isinstance(accept, bool)
                                or accept != accept):
@@ -284,6 +289,17 @@ def measure_for(t, pf) -> Measurement:
     return measure(t, pf.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
                    concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
                    requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
+
+
+def measure_baseline(t, pf) -> Measurement:
+    """measure_for on what the host serves before the switch; any failed or malformed request
+    fails it (FleetspecError), so the gates never compare a release against a partial baseline."""
+    before = measure_for(t, pf)
+    if before.errors:
+        raise FleetspecError(f"{len(before.errors)} of the baseline's requests failed or came back malformed "
+                             f"(first: {before.errors[0]}); nothing live changed: the gates would compare "
+                             f"against a partial baseline")
+    return before
 
 
 def fail_closed_if_simulated(verdicts: list[Verdict], simulated) -> list[Verdict]:

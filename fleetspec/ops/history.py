@@ -8,6 +8,7 @@ Torn lines are skipped and counted (model.ledger.parse).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from fleetspec.errors import RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.ops.hoststate import HostState
+from fleetspec.ops.redaction import redact_options
 from fleetspec.remote.api import TransportLike
 
 
@@ -26,15 +28,24 @@ class LedgerRead:
 
 
 def read_ledger(t: TransportLike, host, root: Path | None = None) -> LedgerRead:
-    """The host's ledger and its archive; when the host cannot be reached, the local mirror (said so)."""
+    """The host's ledger and its archive; when the host cannot be reached, the local mirror (said so).
+    Secret options' values in lines an older version wrote unredacted are hidden here."""
     try:
-        return LedgerRead(HostState(t, host.name, host.vars.service).ledger_with_archive(), "host")
+        return LedgerRead(_redacted(HostState(t, host.name, host.vars.service).ledger_with_archive()), "host")
     except RemoteError as err:
-        local = local_mirror(root, host.name, host.vars.service) / "ledger.jsonl" if root is not None else None
+        local = local_mirror(root, host, host.vars.service) / "ledger.jsonl" if root is not None else None
         if local is None or not local.is_file():
             raise
-        return LedgerRead(L.parse(local.read_text(errors="replace")), str(local),
+        return LedgerRead(_redacted(L.parse(local.read_text(errors="replace"))), str(local),
                           f"{host.name} did not answer ({err}); showing the local mirror {local}")
+
+
+def _redacted(parsed: L.ParsedLedger) -> L.ParsedLedger:
+    lines = [e.to_line() for e in parsed.entries]
+    hidden = [redact_options(line) for line in lines]
+    if hidden == lines:
+        return parsed
+    return dataclasses.replace(parsed, entries=L.parse("".join(line + "\n" for line in hidden)).entries)
 
 
 @dataclass

@@ -9,12 +9,14 @@ the unit and drop-ins keep their source's mode or tighter (a drop-in may hold a 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from fleetspec.errors import RemoteError
+from fleetspec.model import hostjson
 from fleetspec.model import ledger as ledger_model
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.layout import STATE_ROOT, HostLayout
@@ -26,6 +28,7 @@ from fleetspec.remote.carrier import Carrying
 from fleetspec.remote.lock import RemoteLock
 
 ABSENT = files.ABSENT
+IDENTITY = "identity.json"     # in the mirror: the host key the copy was taken from
 # systemd applies a unit's drop-ins sorted by file name, the last ExecStart= winning: fleetspec's
 # sorts after every usual admin name (NN-*.conf, override.conf from `systemctl edit`). Releases made
 # before the rename used 50-fleetspec.conf; switching and rollback remove that name, status reads both.
@@ -209,12 +212,13 @@ class HostState:
             good = Baseline.from_json(local.read_text()) if local and local.is_file() else None
         except (ValueError, KeyError, TypeError):
             good = None
-        if good is None or good.service != self.service:
+        other = self.mirror_from_elsewhere() if good is not None else None
+        if good is None or good.service != self.service or other:
             from fleetspec.errors import NeedsAttention
 
             raise NeedsAttention(f"{self.host}: the baseline {path} is corrupt ({problem[:120]}) and this fleet "
-                                 f"root holds no verified copy of it; restore it from a backup, or if the service "
-                                 f"is on its original setup now, record that",
+                                 f"root holds no verified copy of it{other or ''}; restore it from a backup, or if "
+                                 f"the service is on its original setup now, record that",
                                  f"fleetspec baseline {self.host} --retake")
         if repair:
             self.write_baseline(good, replace=True)
@@ -222,6 +226,26 @@ class HostState:
                                                 from_mirror=str(local), unit_sha256=good.unit_sha256))
             self.repaired = f"{self.host}: the baseline on the host was corrupt ({problem[:80]}); repaired from {local}"
         return good
+
+    def identity(self) -> str | None:
+        """The host key this connection saw (None for a transport that has none to show)."""
+        key = getattr(self.t, "host_key", None)
+        return key() if callable(key) else None
+
+    def mirror_from_elsewhere(self) -> str | None:
+        """Why the mirror's baseline may be another machine's (None when it is this one's): it
+        must carry the host key this connection sees, recorded when it was written."""
+        if self.mirror is None:
+            return None
+        try:
+            recorded = hostjson.loads_object((self.mirror / IDENTITY).read_text(), IDENTITY).get("host_key")
+        except (OSError, ValueError):
+            recorded = None
+        seen = self.identity()
+        if recorded is None or seen is None or recorded != seen:
+            return (f" (the copy in {self.mirror} was taken from host key {recorded or 'unrecorded'}, this host "
+                    f"shows {seen or 'none'}: it may be another machine's)")
+        return None
 
     def file_modes(self, paths: list[str]) -> dict[str, int]:
         """Permission bits of the files that exist among `paths`."""
@@ -244,6 +268,7 @@ class HostState:
         files.rename_into_place(self.io, tmp, base, replace=replace)
         if self.mirror:
             write_private(self.mirror / "baseline.json", baseline.to_json().encode())
+            write_private(self.mirror / IDENTITY, json.dumps({"host": self.host, "host_key": self.identity()}).encode())
         return baseline
 
     # releases ---------------------------------------------------------------------------

@@ -76,6 +76,9 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     loaded = preload_patchsets(playbook)
     got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
+    for k in ("sglang", "torch"):             # the host's python is one others could change: refused, said why
+        if isinstance(got[k], FactError) and "runs as root, but" in str(got[k]):
+            raise UserError(f"{got[k]} (vars.python in {host.inventory_path})")
     if isinstance(svc.form, ContainerRun):
         raise container_plan.planned(t, req, svc.service, svc.form)
     waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
@@ -186,7 +189,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         check_dropin_order(unit, host, service)
         overriding = admin_exec_start_dropins(unit, dropin_texts)
         check_interrupted(state, host.name, L.parse(_raised(got["ledger"]) or ""))
-        mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
+        mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host, service))
         check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
                          baseline_text=files_fact.baseline_json)
     return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding, notes)

@@ -155,7 +155,7 @@ class Preflight:
         return {name: os.environ[name] for name in self.playbook.launch.secret_env}
 
     def redact(self, text: str) -> str:
-        return redaction.redact(text, self.host, self.playbook)
+        return redaction.redact(text, self.host, self.playbook, [*self.exec_argv, *self.new_argv])
 
     def gate_names(self) -> list[str]:
         g = self.playbook.gates

@@ -3,18 +3,21 @@
 `systemctl restart` returns 0 even for a unit that crashes, so readiness is decided only by what
 the service answers: /ready, /health, /server_info (the resolved algorithm) and a real greedy
 /generate. /v1/models answers before warm-up and is never used. While waiting, the unit's state
-is streamed by one host-side loop, so a unit whose process exits fails the probe at once.
+is streamed by one host-side loop, so a unit whose process exits fails the probe at once. Once
+/ready answers, the answers count only if every listener on the port is one of the unit's own
+processes (remote/facts/listener.py): a local user who bound the port first is not the service.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from fleetspec.errors import RemoteError
-from fleetspec.remote import sglang_api, systemd
+from fleetspec.model import hostjson
+from fleetspec.remote import facts, sglang_api, systemd
+from fleetspec.remote.facts import listener
 
 
 @dataclass
@@ -101,6 +104,9 @@ def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
         else:
             ready = _get(t, spec, "/ready")
             if ready is not None and ready[0] == 200:
+                foreign = listener_problem(t, service, spec.port)
+                if foreign:
+                    return ProbeResult(False, "listener", foreign, waited, {"port": spec.port})
                 return _after_ready(t, spec, waited)
             last = f"/ready {ready[0]}" if ready else "/ready: connection refused"
         progress(f"waiting for {service}: {unit.active_state}/{unit.sub_state}, {last}, "
@@ -115,6 +121,16 @@ def _wait(t, service, spec, since, progress, clock, stream) -> ProbeResult:
             stream.watch(pause, lambda u, replaced=replaced: systemd.exited(u, since) or
                          (not replaced and systemd.started_since(u, since)))
         delay = min(delay * 1.5, max(spec.interval, POLL_CAP_S))
+
+
+def listener_problem(t, service: str, port: int) -> str | None:
+    """Why what answers on `port` is not `service` (remote/facts/listener.py), or None: the unit's
+    cgroup and the listeners' pids in one command, once /ready answered."""
+    try:
+        owner = facts.gather(t, listener, service=service, port=port, timeout=30)
+    except RemoteError as err:
+        return f"cannot tell who listens on port {port}: {err}"
+    return owner.reason() or None
 
 
 def _get(t, spec: ProbeSpec, path: str):
@@ -134,9 +150,9 @@ def _after_ready(t, spec: ProbeSpec, waited: float) -> ProbeResult:
     if info is None or info[0] != 200:
         return ProbeResult(False, "server_info", f"/server_info answered {info[0] if info else 'nothing'}", waited)
     try:
-        served = json.loads(info[1]).get("speculative_algorithm")
-    except ValueError:
-        return ProbeResult(False, "server_info", "/server_info is not JSON", waited)
+        served = hostjson.loads_object(info[1], "/server_info").get("speculative_algorithm")
+    except ValueError as err:
+        return ProbeResult(False, "server_info", str(err), waited)
     if spec.expected_algorithm and str(served).upper() != spec.expected_algorithm.upper():
         return ProbeResult(False, "server_info", f"serves {served}, expected {spec.expected_algorithm}", waited,
                            {"speculative_algorithm": served})
@@ -154,6 +170,8 @@ def generate(t, spec: ProbeSpec, prompt: str, max_new_tokens: int, temperature: 
                                    temperature=temperature)
     except (RemoteError, ValueError) as err:
         return {"ok": False, "error": str(err)}
+    if not isinstance(data, dict) or not isinstance(data.get("meta_info", {}), dict):
+        return {"ok": False, "error": "/generate answered a JSON value that is not an object with a meta_info object"}
     meta = data.get("meta_info", {})
     return {"ok": True, "text": data.get("text", ""), "output_ids": data.get("output_ids"),
             "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct"),

@@ -1,10 +1,13 @@
-"""The secrets fleetspec holds for a host (the inventory's api_key, the playbook's launch.secret_env):
-which they are, that they are usable, and their values taken out of any text it prints or records."""
+"""The secrets fleetspec holds for a host (the inventory's api_key, the playbook's launch.secret_env,
+and the values of sglang's secret options in the ExecStart it found): which they are, that they are
+usable, and their values taken out of any text it prints or records."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Iterable
 
 from fleetspec.errors import UserError
 from fleetspec.model.inventory import Host
@@ -27,11 +30,54 @@ def secret_refs(host: Host, playbook: Playbook | None = None) -> tuple[list[str]
         [v for v in [host.vars.api_key.value() if host.vars.api_key else None] if v]
 
 
-def redact(text: str, host: Host, playbook: Playbook) -> str:
+# sglang's options whose value is a secret (both versions' parsers; tests/unit/test_security_audit.py
+# checks the option tables). argparse takes a unique prefix too; `--ssl-keyfile` is its own option.
+SECRET_OPTIONS = ("--admin-api-key", "--api-key", "--ssl-keyfile-password")
+NOT_SECRET = ("--ssl-keyfile",)
+_OPT = "|".join(re.escape(o) for o in SECRET_OPTIONS)
+_BY_NAME = (
+    (re.compile(rf'("(?:{_OPT})"\s*,\s*")((?:[^"\\]|\\.)*)(")'), r"\1<redacted>\3"),    # JSON list
+    (re.compile(rf'("(?:{_OPT})=)((?:[^"\\]|\\.)*)(")'), r"\1<redacted>\3"),                # JSON "--opt=V"
+    (re.compile(rf"((?:{_OPT})=)((?:[^\"'\\\s]|\\.)+)"), r"\1<redacted>"),                 # --opt=V
+    (re.compile(rf"((?:{_OPT})[ \t]+)('[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s\"',\]]+)"), r"\1<redacted>"),
+)
+
+
+def is_secret_option(word: str) -> bool:
+    name = word.split("=", 1)[0]
+    return name.startswith("--") and len(name) > 3 and name not in NOT_SECRET and any(
+        o.startswith(name) for o in SECRET_OPTIONS)
+
+
+def argv_secrets(argv: Iterable[str]) -> list[str]:
+    """The values an argv gives sglang's secret options (`--opt V`, `--opt=V`, a unique prefix)."""
+    argv, out = list(argv), []
+    for i, word in enumerate(argv):
+        if not is_secret_option(word):
+            continue
+        value = word.split("=", 1)[1] if "=" in word else (argv[i + 1] if i + 1 < len(argv) else "")
+        out.append(value)
+    return [v for v in out if v]
+
+
+def redact_options(text: str) -> str:
+    """Values written after a secret option's name, in a command line or a JSON argv list: for
+    text whose argv fleetspec does not hold (an older ledger line read back)."""
+    for pattern, repl in _BY_NAME:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def redact(text: str, host: Host, playbook: Playbook, argv: Iterable[str] = ()) -> str:
+    """`text` without the host's secret values (raw and JSON-escaped) nor the values of secret
+    options in `argv` (the ExecStart found and the one derived), wherever they appear."""
     for value in sorted(secrets_of(host, playbook), key=len, reverse=True):
         for form in dict.fromkeys([value, json.dumps(value)[1:-1]]):
             text = text.replace(form, "<redacted>")
-    return text
+    for value in sorted(set(argv_secrets(argv)), key=len, reverse=True):
+        for form in dict.fromkeys([value, json.dumps(value)[1:-1]]):
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", "<redacted>", text)
+    return redact_options(text)
 
 
 def check_secret_env(host: Host, playbook: Playbook) -> None:

@@ -44,7 +44,7 @@ class RollbackOutcome:
 
 def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
     started = time.monotonic()
-    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
+    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host, host.vars.service))
     target = to or BASELINE
     # the ledger, baseline.json and `current` as the lock's holder read them: no command of their own
     with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo, **state.lock_reads) as lock:

@@ -20,7 +20,16 @@ from fleetspec.ops import container_plan
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import gpu_health, release_state, server_info, sglang, systemd, unit_age, unit_files
+from fleetspec.remote.facts import (
+    gpu_health,
+    listener,
+    release_state,
+    server_info,
+    sglang,
+    systemd,
+    unit_age,
+    unit_files,
+)
 
 DEFAULT_WORKERS = 16
 DEFAULT_READY_TIMEOUT = 900.0   # seconds a model may take to load (probes' default; extra.ready_timeout)
@@ -89,6 +98,7 @@ def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
         "files": (unit_files, {"service": host.vars.service}),
         "age": (unit_age, {"service": host.vars.service}),
         "gpu": (gpu_health, {"service": host.vars.service}),
+        "listener": (listener, {"service": host.vars.service, "port": host.vars.api_port}),
     }, timeout=min(host.command_timeout, 120), errors="return")
     row.reachable = True
     unit, state = got["unit"], got["state"]
@@ -107,7 +117,7 @@ def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
             row.container = container_plan.container_status(t, got["files"])
             if row.container:
                 row.notes.append(container_plan.status_line(row.container))
-    _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
+    _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit, got["listener"])
 
 
 def _fill_unit(row: HostStatus, unit) -> str | None:
@@ -281,7 +291,7 @@ def health_http(t: TransportLike, port: int) -> tuple[str, str | None]:
         return "error", _short_error(err)
 
 
-def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None) -> None:
+def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None, owner=None) -> None:
     port = host.vars.api_port
     row.ready_timeout = ready_timeout(host)
     row.http, error = health_http(t, port)
@@ -291,10 +301,13 @@ def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None)
     sub = unit.sub_state if active else None
     restarts = unit.n_restarts if active else None
     row.health, note = classify(row.http, active, sub, row.up_s, row.ready_timeout, restarts)
+    foreign = _foreign_listener(row, owner)
+    if foreign:                       # a local user's server on the port: its answers are not the service's
+        row.health, note = UNHEALTHY, foreign
     if note and row.health != OK:
         row.notes.append(f"{host.name}: {row.health}: {note}")
     launch_algo = None
-    if row.http.isdigit():
+    if row.http.isdigit() and not foreign:
         api_key = host.vars.api_key.value() if host.vars.api_key else None
         try:
             info = server_info.fetch(t, port, api_key=api_key, timeout=5)
@@ -307,6 +320,20 @@ def _probe_http(row: HostStatus, t, host: Host, declared: str | None, unit=None)
     row.algo = launch_algo or declared or row.served_algo
     if row.algo is None and (row.served_algo is not None or row.state not in (None, "unknown", "no systemd")):
         row.algo = "none"
+
+
+def _foreign_listener(row: HostStatus, owner) -> str | None:
+    """Why what answered on the port is not the service (facts/listener.py), when it answered."""
+    if not (row.http or "").isdigit():
+        return None
+    if isinstance(owner, FleetspecError):
+        row.notes.append(_short_error(owner))
+        return None
+    if owner is None or not owner.checked:
+        if owner is not None and owner.missing == "ss":      # no systemd: status says so already
+            row.notes.append(f"{row.host}: {owner.reason()}")
+        return None
+    return owner.reason() if owner.foreign() or owner.sockets_without_pid else None
 
 
 def fleet_status(pool, hosts: Iterable[Host], workers: int = DEFAULT_WORKERS) -> list[HostStatus]:

@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-import json as jsonlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from fleetspec.model import hostjson
 from fleetspec.model.inventory import Host
 
 
@@ -33,7 +33,8 @@ class HttpResponse:
     body: bytes
 
     def json(self) -> Any:
-        return jsonlib.loads(self.body.decode("utf-8"))
+        """The body as JSON; ValueError for any body that is not (bad UTF-8, nesting too deep)."""
+        return hostjson.loads(self.body.decode("utf-8"))
 
     @property
     def text(self) -> str:

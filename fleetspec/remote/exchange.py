@@ -11,6 +11,7 @@ import select
 import time
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote import limits
 from fleetspec.remote.ssh_lib import paramiko
 
 CHUNK = 65536
@@ -32,8 +33,9 @@ class Exchange:
     status and stderr say why (`lost` keeps the write's error for when they do not). A link that
     dies while reading, or the deadline, raises RemoteError naming the host and the command."""
 
-    def __init__(self, chan, host: str, shown: str, timeout: float):
+    def __init__(self, chan, host: str, shown: str, timeout: float, limit: int | None = None):
         self.chan, self.host, self.shown, self.timeout = chan, host, shown, timeout
+        self.limit = limit or limits.COMMAND_OUTPUT_MAX
         self.deadline = time.monotonic() + timeout
         self.out, self.err = bytearray(), bytearray()
         self.lost: str | None = None
@@ -114,9 +116,13 @@ class Exchange:
             raise RemoteError(f"{self.host}: connection lost during {short(self.shown)}: {err}") from None
 
     def _drain(self) -> None:
-        out, err = drain(self.chan)
+        out, err = drain(self.chan, self.limit + 1 - len(self.out), self.limit + 1 - len(self.err))
         self.out += out
         self.err += err
+        for name, got in (("stdout", self.out), ("stderr", self.err)):
+            if len(got) > self.limit:
+                raise RemoteError(f"{self.host}: {short(self.shown)} wrote more than {limits.size(self.limit)} on {name}; "
+                                  f"fleetspec reads at most that much of a command's output")
 
 
 def close_quietly(chan) -> None:
@@ -128,11 +134,12 @@ def close_quietly(chan) -> None:
         pass
 
 
-def drain(chan) -> tuple[bytes, bytes]:
-    """What the channel holds now on stdout and on stderr, without waiting."""
-    out = err = b""
-    while chan.recv_ready():
+def drain(chan, out_room: int | None = None, err_room: int | None = None) -> tuple[bytes, bytes]:
+    """What the channel holds now on stdout and on stderr, without waiting; at most about
+    `out_room`/`err_room` bytes of each (a host that writes without end keeps it filled)."""
+    out, err = bytearray(), bytearray()
+    while chan.recv_ready() and (out_room is None or len(out) < out_room):
         out += chan.recv(CHUNK)
-    while chan.recv_stderr_ready():
+    while chan.recv_stderr_ready() and (err_room is None or len(err) < err_room):
         err += chan.recv_stderr(CHUNK)
-    return out, err
+    return bytes(out), bytes(err)

@@ -36,6 +36,42 @@ def private_dir(path: str = RUN_DIR) -> str:
     return f"mkdir -p -- {q(path)} && chmod 0700 -- {q(path)}"
 
 
+UNTRUSTED = "FLEETSPEC-UNTRUSTED-PYTHON"
+UNTRUSTED_RC = 87
+
+
+def trusted_python(python: str) -> str:
+    """Shell (a subshell: exit 0, or 87 with one UNTRUSTED line on stderr) that lets `python` run
+    as root only when nobody but root can change what it runs at start: the interpreter (its real
+    path), the venv around `python`, and its prefix's lib/python3* (stdlib, site-packages; a
+    `.pth` or `sitecustomize` there runs at every start), each owned by root and not group- or
+    world-writable, nor any folder above them (a sticky one excepted). A verdict is kept in
+    RUN_DIR under a name made of those roots' inode, owner, mode and ctime: only root can make
+    a trusted tree untrusted, and chown/chmod of a root changes its name. A missing interpreter
+    passes: running it fails as it always did."""
+    bad = (f"fs_bad() {{ printf '%s %s\\n' {UNTRUSTED} \"$fs_py runs as root, but $1 can be changed by others (owner "
+           f"uid $2, mode $3): refusing to run it; make the interpreter, its venv and site-packages root's and not "
+           f"group/world-writable (chown -R root, chmod -R go-w), or use such a venv in vars.python\" >&2; "
+           f"exit {UNTRUSTED_RC}; }}")
+    return (
+        f"( fs_py={q(python)}; {bad}; "
+        'fs_real=$(readlink -f -- "$fs_py") && [ -f "$fs_real" ] || exit 0; '
+        'set -- "$fs_real"; fs_v=$(dirname -- "$(dirname -- "$fs_py")"); '
+        '[ -f "$fs_v/pyvenv.cfg" ] && set -- "$@" "$(readlink -f -- "$fs_v")"; '
+        'fs_b=$(dirname -- "$(dirname -- "$fs_real")"); '
+        'for fs_d in "$fs_b"/lib/python3* "$fs_b"/local/lib/python3*; do [ -d "$fs_d" ] && set -- "$@" "$fs_d"; done; '
+        f'fs_c={q(RUN_DIR)}/trusted-python.$(stat -L -c "%n %d:%i:%u:%a:%Z" -- "$@" | sha256sum | cut -c1-32); '
+        '[ -e "$fs_c" ] && exit 0; '
+        'for fs_d in "$@"; do fs_a=$fs_d; while :; do '
+        'fs_s=$(stat -L -c "%u %a" -- "$fs_a") || fs_bad "$fs_a" "?" "?"; fs_u=${fs_s% *}; fs_m=${fs_s#* }; '
+        '[ "$fs_u" = 0 ] || fs_bad "$fs_a" "$fs_u" "$fs_m"; '
+        'if [ $(( 0$fs_m & 022 )) -ne 0 ] && { [ "$fs_a" = "$fs_d" ] || [ $(( 0$fs_m & 01000 )) -eq 0 ]; }; then '
+        'fs_bad "$fs_a" "$fs_u" "$fs_m"; fi; [ "$fs_a" = / ] && break; fs_a=$(dirname -- "$fs_a"); done; '
+        r'fs_f=$(find "$fs_d" -xdev \( ! -user 0 -o \( ! -type l -perm /022 \) \) -print -quit 2>/dev/null); '
+        '[ -z "$fs_f" ] || fs_bad "$fs_f" $(stat -c "%u %a" -- "$fs_f"); done; '
+        f'[ -d {q(RUN_DIR)} ] && : > "$fs_c" 2>/dev/null; exit 0 )')
+
+
 def python_c(python: str, code: str, args=(), *, env: dict | None = None, rundir: str = RUN_DIR,
              timeout_s: int | None = None) -> str:
     """Run `python -c code args` as root without ever importing from a folder others can write.
@@ -44,13 +80,15 @@ def python_c(python: str, code: str, args=(), *, env: dict | None = None, rundir
     under sudo), anyone's json.py or torch.py there would run as root. So: start in `rundir`, a
     root-only folder (or `/` when it cannot be made: a read-only /var), and set PYTHONSAFEPATH=1
     (Python >= 3.11's -P: the folder is not put on sys.path at all; older Pythons ignore it, where -P
-    would be an error). PYTHONPATH and the rest of the environment are kept, unlike -I."""
+    would be an error). PYTHONPATH and the rest of the environment are kept, unlike -I. And only an
+    interpreter whose tree only root can change (trusted_python; else exit 87, one line on stderr).
+    One brace group, so a redirection after it covers the check too."""
     values = {"PYTHONSAFEPATH": "1", **(env or {})}
     assigns = " ".join(f"{k}={q(str(v))}" for k, v in values.items())
     timeout = f"timeout {int(timeout_s)} " if timeout_s else ""
     words = " ".join(q(str(a)) for a in args)
-    return (f"{{ {private_dir(rundir)} && cd -- {q(rundir)}; }} 2>/dev/null || cd / && "
-            f"{assigns} {timeout}{q(python)} -c {q(code)}{' ' + words if words else ''}")
+    return (f"{{ {{ {private_dir(rundir)} && cd -- {q(rundir)}; }} 2>/dev/null || cd /; {trusted_python(python)} && "
+            f"{assigns} {timeout}{q(python)} -c {q(code)}{' ' + words if words else ''}; }}")
 
 
 def scratch_dir(rundir: str = RUN_DIR) -> str:
@@ -60,8 +98,11 @@ def scratch_dir(rundir: str = RUN_DIR) -> str:
 
 
 def read_optional(path: str, marker: str = "__FLEETSPEC_ABSENT__") -> str:
-    """cat a file, or print a marker when it does not exist (one round trip, no error)."""
-    return f"if [ -e {q(path)} ]; then cat {q(path)}; else printf %s {q(marker)}; fi"
+    """cat a file, or print a marker when it does not exist (one round trip, no error). Anything
+    there that is not a regular file (a FIFO, /dev/zero through a link) is refused, not read."""
+    return (f"if [ -f {q(path)} ]; then cat -- {q(path)}; elif [ -e {q(path)} ]; then "
+            f"printf '%s\\n' {q(path + ': not a regular file; refusing to read it')} >&2; false; "
+            f"else printf %s {q(marker)}; fi")
 
 
 def symlink_atomic(target: str, link: str) -> str:
@@ -80,11 +121,15 @@ def remove_durable_script(path: str) -> str:
 
 
 def copy_atomic(src: str, dest: str, sha256: str | None = None) -> str:
-    """Copy then rename, checking the copy's hash before it replaces anything; data and folder fsynced."""
-    tmp = dest + TMP_SUFFIX
-    check = f" && printf '%s\\n' {q(sha256 + '  ' + tmp)} | sha256sum -c --quiet" if sha256 else ""
-    return (f"cp -p -- {q(src)} {q(tmp)}{check} && {fsync(tmp)} && mv -f -- {q(tmp)} {q(dest)} && "
-            f"{fsync(parent(dest))}")
+    """Copy then rename, checking the copy's hash before it replaces anything; data and folder
+    fsynced. The copy is made in a fresh root-only folder beside `dest` (mktemp -d: a name no one
+    can guess or make first, on the same file system for the rename), never at a fixed name that
+    a link planted in site-packages could redirect; the folder goes whatever happens."""
+    d = q(parent(dest))
+    check = f" && printf '%s  %s\\n' {q(sha256 or '')} \"$fs_t/f\" | sha256sum -c --quiet" if sha256 else ""
+    return (f"{{ fs_t=$(mktemp -d -- {d}/.fleetspec-tmp.XXXXXXXXXX) && "
+            f"{{ cp -p -- {q(src)} \"$fs_t/f\"{check} && sync -- \"$fs_t/f\" && mv -f -- \"$fs_t/f\" {q(dest)} && "
+            f"rmdir -- \"$fs_t\" && {fsync(parent(dest))} || {{ rm -rf -- \"$fs_t\"; false; }}; }}; }}")
 
 
 def write_from_stdin(path: str, data: bytes, mode: int) -> str:
@@ -253,8 +298,8 @@ def run_python(t: TransportLike, python: str, code: str, args=(), *, env: dict |
 def run_python_from_root(t: TransportLike, python: str, code: str, timeout_s: int = 300) -> CommandResult:
     """`python -c code` started in `/` with a `timeout`: for reading an installed package, where
     the root-only run folder is not needed (nothing is written)."""
-    return t.run_script(f"cd / && timeout {int(timeout_s)} {q(python)} -c {q(code)}", timeout=timeout_s + 30,
-                        check=False)
+    return t.run_script(f"cd / && {trusted_python(python)} && timeout {int(timeout_s)} {q(python)} -c {q(code)}",
+                        timeout=timeout_s + 30, check=False)
 
 
 def write_file(t: TransportLike, path: str, data: bytes, mode: int) -> None:

@@ -10,6 +10,7 @@ from hashlib import sha256
 from pathlib import Path
 
 from fleetspec.errors import RemoteError
+from fleetspec.model import known_hosts as known_hosts_file
 from fleetspec.model.inventory import Host
 from fleetspec.remote.ssh_lib import paramiko
 
@@ -50,6 +51,9 @@ def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path 
         raise HostKeyError(
             f"{label}: unknown host key for {name} ({key.get_name()} {fingerprint(key)}) not in {known_hosts}; "
             f"use host_key_policy: accept-new or --accept-new-host-key to trust it")
+    why = known_hosts_file.problem(known_hosts.resolve())
+    if why:                         # checked at load too; the file may have changed since
+        raise HostKeyError(f"{label}: refusing to record the key of {name}: {why}")
     known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with _KH_LOCK:
         fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable
 
 from fleetspec.errors import RemoteError, UserError
+from fleetspec.remote import limits
 from fleetspec.remote.api import HttpResponse
 from fleetspec.remote.exchange import CHUNK, close_quietly
 from fleetspec.remote.observe import _observe
@@ -75,6 +76,9 @@ class HttpOverSsh:
                 if not chunk:
                     break
                 raw += chunk
+                if len(raw) > limits.HTTP_BODY_MAX + 65536:      # the body, and room for the head
+                    raise RemoteError(f"{where}: the answer runs past {limits.size(limits.HTTP_BODY_MAX)}; "
+                                      f"fleetspec reads at most that much of one HTTP answer")
         except socket.timeout:
             raise RemoteError(f"{where}: no complete answer within {timeout:g}s") from None
         except (paramiko.SSHException, EOFError, OSError) as err:
@@ -90,7 +94,7 @@ def _parse_http(raw: bytes, where: str) -> HttpResponse:
         raise RemoteError(f"{where}: truncated HTTP answer ({len(raw)} bytes)")
     lines = head.decode("iso-8859-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (parts[1].isascii() and parts[1].isdigit()):
         raise RemoteError(f"{where}: not an HTTP answer: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -99,7 +103,10 @@ def _parse_http(raw: bytes, where: str) -> HttpResponse:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = _dechunk(body, where)
     elif "content-length" in headers:
-        body = body[: int(headers["content-length"])]
+        length = headers["content-length"]
+        if not length.isascii() or not length.isdigit():
+            raise RemoteError(f"{where}: Content-Length {length[:40]!r} is not a byte count")
+        body = body[: int(length)]
     return HttpResponse(int(parts[1]), headers, body)
 
 
@@ -109,7 +116,10 @@ def _dechunk(data: bytes, where: str) -> bytes:
         j = data.find(b"\r\n", i)
         if j < 0:
             raise RemoteError(f"{where}: truncated chunked body")
-        size = int(data[i:j].split(b";")[0].strip() or b"0", 16)
+        word = data[i:j].split(b";")[0].strip() or b"0"
+        if len(word) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in word):
+            raise RemoteError(f"{where}: chunk size {word[:40]!r} is not a hex byte count")
+        size = int(word, 16)
         if size == 0:
             return bytes(out)
         out += data[j + 2:j + 2 + size]

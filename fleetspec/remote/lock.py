@@ -8,8 +8,9 @@ session (fresh heartbeat) from an orphaned one (a link cut leaves sshd holding i
 
 Holders are told apart by a persistent random controller id (fleetspec.identity), never by the
 hostname, and each holding by a random token. A holder is ended only when it is provably gone:
-by anyone when its controller is ours and its pid is dead here; by `unlock --force` only when
-that is so or its heartbeat on the host is stale. The holder's record is
+by anyone when its controller is ours on this machine and boot, its pid is dead here and its
+heartbeat file has stopped growing (remote/lock_holder.py); by `unlock --force` only when that is
+so or its heartbeat on the host is stale. The holder's record is
 `LOCK.holders/<token>.json` (`LOCK.holder` points at the current one), so a holder removes only
 its own files and never a newer holder's. Every step that changes the host first checks, in the
 same remote command, that the lock is still ours (`guard`), and stops if it is not.
@@ -24,13 +25,25 @@ import shlex
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 from fleetspec.errors import RemoteError, UserError
-from fleetspec.identity import controller_id
+from fleetspec.identity import controller_id, machine_boot
 from fleetspec.remote import files
 from fleetspec.remote.api import Channel, TransportLike
+from fleetspec.remote.lock_holder import (  # noqa: F401 - the holder's names, imported from here too
+    Holder,
+    ended_here,
+    heartbeat_age,
+    heartbeat_path,
+    heartbeat_s,
+    holder_path,
+    holders_dir,
+    read_holder,
+    record_path,
+    session_beating,
+    stale_after_s,
+)
 from fleetspec.remote.ssh_lib import paramiko
 
 q = shlex.quote
@@ -39,73 +52,9 @@ LOST = 75
 LOST_MARKER = "FLEETSPEC-LOCK-LOST"
 
 
-def heartbeat_s() -> float:
-    return float(os.environ.get("FLEETSPEC_LOCK_HEARTBEAT_S", "2"))
-
-
-def stale_after_s() -> float:
-    """A session whose heartbeat is older than this is no longer alive (10 heartbeats missed)."""
-    return float(os.environ.get("FLEETSPEC_LOCK_STALE_S", "30"))
-
-
 class LockLost(RemoteError):
     """The lock this process took is no longer its own (ended by `unlock --force`, or its session
     died): nothing more may be changed on the host."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    who: str
-    machine: str
-    pid: int
-    since: float
-    release: str
-    remote_pid: int | None = None
-    controller: str = ""            # fleetspec.identity.controller_id() of the holder's controller
-    token: str = ""                 # this holding's random id; names its record and heartbeat files
-
-    def describe(self) -> str:
-        age = time.time() - self.since
-        return (f"{self.who} (pid {self.pid} on {self.machine}, controller {self.controller[:8] or 'unknown'}, "
-                f"release {self.release}, for {age:.0f}s)")
-
-    def ours(self) -> bool:
-        """Written by this controller (same id), so its pid means something here."""
-        return bool(self.controller) and self.controller == controller_id()
-
-    def dead_here(self) -> bool:
-        """True when the holder is this controller's and its process is gone: a stale lock whose
-        SSH session outlived it (a link cut leaves sshd holding it until TCP gives up). A holder
-        from another controller is never "dead here", whatever its hostname."""
-        return self.ours() and self.remote_pid is not None and not self.alive_here()
-
-    def alive_here(self) -> bool:
-        """True when the holder is a live process of this controller (then it is never forced)."""
-        if not self.ours():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
-def holder_path(lock: str) -> str:
-    return lock + ".holder"
-
-
-def holders_dir(lock: str) -> str:
-    return lock + ".holders"
-
-
-def record_path(lock: str, token: str) -> str:
-    return f"{holders_dir(lock)}/{token}.json"
-
-
-def heartbeat_path(lock: str, token: str) -> str:
-    return f"{holders_dir(lock)}/{token}.hb"
 
 
 def _link_target(lock: str, token: str) -> str:
@@ -164,27 +113,6 @@ def guard_script(lock: str, token: str, remote_pid: int) -> str:
             f"|| {{ echo {LOST_MARKER} >&2; exit {LOST}; }}")
 
 
-def read_holder(t: TransportLike, lock: str) -> Holder | None:
-    text = t.run_script(files.read_optional(holder_path(lock), ""), timeout=30, check=True).stdout
-    try:
-        return Holder(**json.loads(text)) if text else None
-    except (ValueError, TypeError):
-        return None
-
-
-def heartbeat_age(t: TransportLike, lock: str, holder: Holder) -> float | None:
-    """Seconds since the holder's session last showed life on the host (host clock both ends);
-    None when it keeps no heartbeat (an older fleetspec, or a hand-made record)."""
-    if not holder.token or not holder.token.isalnum():
-        return None
-    hb = q(heartbeat_path(lock, holder.token))
-    out = t.run_script(f"[ -e {hb} ] && echo $(( $(date +%s) - $(stat -c %Y {hb}) ))", timeout=30, check=False).stdout
-    try:
-        return max(0.0, float(out.strip()))
-    except ValueError:
-        return None
-
-
 def is_held(t: TransportLike, lock: str) -> bool:
     r = t.run_script(f"[ -e {q(lock)} ] || exit 0; flock -n {q(lock)} true", timeout=30, check=False)
     return r.rc != 0
@@ -202,7 +130,7 @@ def busy(t: TransportLike, lock: str) -> UserError | None:
     if not is_held(t, lock):
         return None
     holder = read_holder(t, lock)
-    if holder is not None and holder.dead_here():
+    if ended_here(t, lock, holder):
         return None
     return UserError(busy_message(t.host.name, lock, holder))
 
@@ -216,7 +144,7 @@ class RemoteLock:
         self._files_removed = False
         self.holder = holder or Holder(who=os.environ.get("USER") or str(os.getuid()), machine=socket.gethostname(),
                                        pid=os.getpid(), since=time.time(), release=release,
-                                       controller=controller_id(), token=secrets.token_hex(16))
+                                       controller=controller_id(), token=secrets.token_hex(16), boot=machine_boot())
         self.channel: Channel | None = None
         self.remote_pid: int | None = None
         self._heartbeat = heartbeat
@@ -250,7 +178,7 @@ class RemoteLock:
                         break
                     time.sleep(0.2)
                     holder = read_holder(self.t, self.lock)
-                if attempt == 1 and holder is not None and holder.remote_pid is not None and holder.dead_here():
+                if attempt == 1 and holder is not None and holder.remote_pid is not None and ended_here(self.t, self.lock, holder):
                     # Its process is gone from this controller; only its orphaned session holds on.
                     self.note(f"[{self.t.host.name}] ending a stale lock: {holder.describe()} is no longer running")
                     _end_holder(self.t, self.lock, holder, holder.remote_pid)

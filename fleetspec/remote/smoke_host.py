@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from fleetspec.errors import FleetspecError
+from fleetspec.model import hostjson
 from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
 
@@ -41,7 +42,7 @@ def parse_result(stdout: str) -> SmokeResult:
         line = line.strip()
         if line.startswith("{"):
             try:
-                data = json.loads(line)
+                data = hostjson.loads(line)
             except ValueError:
                 break
             if isinstance(data, dict):
@@ -271,7 +272,7 @@ def runner_results(python: str, rc: int | None, stdout: str, stderr: str) -> dic
         tail = (stderr.strip().splitlines() or [f"exit {rc}" if rc is not None else
                                                 f"killed or timed out after {SMOKE_TIMEOUT_S} s"])[-1]
         raise FleetspecError(f"smoke tests did not run in {python}: {tail}")
-    return json.loads(marker[-1].split(" ", 1)[1])
+    return hostjson.loads_object(marker[-1].split(" ", 1)[1], "the smoke verdict")
 
 
 def run_smoke_scripts(t: TransportLike, python: str, scripts: list[tuple[str, str]], pythonpath: str | None, rundir: str):

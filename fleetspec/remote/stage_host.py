@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from shlex import quote as q
 
 from fleetspec.errors import RemoteError
+from fleetspec.model import hostjson
 from fleetspec.remote import files
 from fleetspec.remote.api import CommandResult, TransportLike
 from fleetspec.remote.exchange import Exchange, close_quietly
@@ -337,6 +338,6 @@ def _parse(host: str, final: str, r: CommandResult, lost: str | None, sent: int)
         said = [ln[len(FAILED):] for ln in r.stderr.splitlines() if ln.startswith(FAILED)]
         detail = (said or r.stderr.strip().splitlines()[-1:] or [lost or f"exit {r.rc}"])[-1]
         raise RemoteError(f"{host}: staging {final} failed (exit {r.rc}): {detail[:400]}")
-    verdict = json.loads(done[-1][len(DONE):])
+    verdict = hostjson.loads_object(done[-1][len(DONE):], "the stage verdict")
     return Staged(0 if verdict["reused"] else sent, bool(verdict["reused"]), verdict.get("smoke_error"),
                   bool(verdict.get("smoke_kept")), verdict.get("smoke_reused"))

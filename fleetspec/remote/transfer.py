@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import socket
+import stat
 import threading
 import time
 from pathlib import PurePosixPath
@@ -17,6 +18,7 @@ from typing import Callable
 
 from fleetspec.errors import RemoteError
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.limits import FILE_MAX, size
 from fleetspec.remote.observe import _observe
 from fleetspec.remote.ssh_lib import paramiko
 
@@ -119,13 +121,25 @@ class FileTransfer:
         return data
 
     def _get_bytes_inner(self, path: str) -> bytes:
+        """A regular file of at most FILE_MAX bytes (remote/limits.py), whole."""
         if self.conn.needs_sudo:
-            return self.conn.run(["cat", "--", path], check=True).stdout_bytes
+            q = shlex.quote
+            script = (f"if [ -f {q(path)} ]; then exec cat -- {q(path)}; fi; "
+                      f"printf '%s\\n' {q(path + ': not a regular file')} >&2; exit 1")
+            return self.conn.run_script(script, check=True).stdout_bytes
         sftp = self._sftp_client()
         try:
+            st = sftp.stat(path)
+            if not stat.S_ISREG(st.st_mode or 0):
+                raise RemoteError(f"{self.name}: {path} is not a regular file; refusing to read it")
+            if (st.st_size or 0) > FILE_MAX:
+                raise RemoteError(f"{self.name}: {path} is larger than {size(FILE_MAX)}; fleetspec reads at most that")
             with sftp.open(path, "rb") as f:
                 f.prefetch()
-                return f.read()
+                data = f.read(FILE_MAX + 1)
+            if len(data) > FILE_MAX:
+                raise RemoteError(f"{self.name}: {path} grew past {size(FILE_MAX)} while it was read")
+            return data
         except FileNotFoundError:
             raise RemoteError(f"{self.name}: {path}: no such file") from None
         except (OSError, paramiko.SSHException) as err:

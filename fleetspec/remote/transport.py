@@ -249,6 +249,11 @@ class Transport:
 
     carries_preludes = True     # run/run_script take a `prelude` (ops/hoststate.py's ledger lines)
 
+    def host_key(self) -> str:
+        """The fingerprint of the key this host proved it holds on connecting (checked against
+        known_hosts there): what the controller's mirror of this host is bound to."""
+        return fingerprint(self.connect().get_remote_server_key())
+
     def run(self, argv: Sequence[str], timeout: float | None = None, check: bool = False,
             stdin: bytes | None = None, prelude: Prelude | None = None) -> CommandResult:
         """Run argv (joined with shlex) on the host; as root, or via `sudo -n` (become: sudo)."""
@@ -280,11 +285,12 @@ class Transport:
                             f"(user:/become: in {h.inventory_path or 'the inventory'})")
         self._access_ok = True
 
-    def _exec(self, full: str, shown: str, timeout, check, stdin, prelude: Prelude | None = None) -> CommandResult:
+    def _exec(self, full: str, shown: str, timeout, check, stdin, prelude: Prelude | None = None,
+              limit: int | None = None) -> CommandResult:
         self.check_access()
         began = time.monotonic()
         try:
-            result = self._exec_inner(full, shown, timeout, check, stdin)
+            result = self._exec_inner(full, shown, timeout, check, stdin, limit)
         except RemoteError as err:
             _observe(self.name, shown, began, f"error: {err}")
             raise
@@ -296,14 +302,15 @@ class Transport:
             raise RemoteError(f"{self.name}: `{short(shown)}` exited {result.rc}: {detail[0][:300]}")
         return result
 
-    def _exec_inner(self, full: str, shown: str, timeout, check, stdin) -> CommandResult:
+    def _exec_inner(self, full: str, shown: str, timeout, check, stdin,
+                    limit: int | None = None) -> CommandResult:
         timeout = self.host.command_timeout if timeout is None else timeout
         ssh = self.connect()
         try:
             chan = ssh.open_session(timeout=self.host.connect_timeout)
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise RemoteError(f"{self.name}: cannot open a session: {err}") from None
-        ex = Exchange(chan, self.name, shown, timeout)
+        ex = Exchange(chan, self.name, shown, timeout, limit)
         try:
             chan.settimeout(timeout)       # a dead link must not block exec_command forever
             chan.exec_command(full)

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from fleetspec.model import ledger as L
+from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import local_mirror
 from tests.lab import reliability_lab as R
 from tests.lab.labtools import fs, json_rows, ledger
@@ -110,7 +111,7 @@ def test_bench_shows_ddtree_accepting_more_than_nextn(fleet_on_baseline):
     assert row["algo"] == "NEXTN" and row["release"] is None and row["health"] == "ok"
     # the benchmark releases are superseded on the host and in the fleet root's mirror alike
     on_host = L.parse("\n".join(json.dumps(e) for e in ledger(fleet, CANARY))).releases()
-    mirror = local_mirror(fleet.root, CANARY, "sglang-qwen.service") / "ledger.jsonl"
+    mirror = local_mirror(fleet.root, load_inventory(fleet.inventory).hosts[CANARY], "sglang-qwen.service") / "ledger.jsonl"
     mirrored = L.parse(mirror.read_text()).releases()
     benched = [rid for rid, state in on_host.items() if state == L.SUPERSEDED]
     assert len(benched) >= 3 and all(mirrored.get(rid) == L.SUPERSEDED for rid in benched), (on_host, mirrored)

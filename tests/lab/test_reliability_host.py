@@ -11,6 +11,8 @@ import shlex
 
 import pytest
 
+from fleetspec.model.inventory import load_inventory
+from fleetspec.model.layout import local_mirror
 from tests.lab import reliability_lab as R
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -166,7 +168,8 @@ def test_corrupt_baseline_is_refused_clearly_and_repaired_from_the_local_copy(re
     rel.ensure_baseline(host)
     path = f"{R.STATE}/baseline/baseline.json"
     good = rel.lab.sh(host, f"base64 {path}")
-    mirror = rel.root / ".fleetspec" / "hosts" / host / R.SERVICE / "baseline.json"
+    inv_host = load_inventory(rel.root / "inventory" / "lab.yaml").hosts[host]
+    mirror = local_mirror(rel.root, inv_host, R.SERVICE) / "baseline.json"
     kept_mirror = mirror.read_bytes() if mirror.is_file() else None
     if kept_mirror is not None:
         mirror.unlink()
@@ -187,6 +190,13 @@ def test_corrupt_baseline_is_refused_clearly_and_repaired_from_the_local_copy(re
         import base64
 
         mirror.write_bytes(base64.b64decode(good))
+        from fleetspec.remote.transport import Transport
+
+        t = Transport(inv_host)          # the copy is this machine's: its host key, as fleetspec records it
+        try:
+            (mirror.parent / "identity.json").write_text(json.dumps({"host": host, "host_key": t.host_key()}))
+        finally:
+            t.close()
         r = R.fs(rel.root, "rollback", host)
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert "repaired" in r.stdout + r.stderr, (r.stdout, r.stderr)

@@ -72,7 +72,7 @@ def root(tmp_path_factory):
         "groups: {gpu: [ct129, ct131], edge: [ct200]}\n"
         "hosts:\n  ct129: {address: ct129.gpu.example}\n  ct131: {address: ct131.gpu.example}\n"
         "  ct200: {address: ct200.gpu.example}\n")
-    mirror = root / ".fleetspec" / "hosts" / "ct129" / "sglang-qwen.service"
+    mirror = root / ".fleetspec" / "hosts" / "ct129@ct129.gpu.example_22" / "sglang-qwen.service"
     mirror.mkdir(parents=True)
     (mirror / "ledger.jsonl").write_text((REPO / "tests" / "fixtures" / "ledger" / "story.jsonl").read_text())
     return root

@@ -177,3 +177,21 @@ def test_a_probe_generate_that_fails_is_an_answer_not_an_exception(t, server, re
     assert got["ok"] is False and error in got["error"]
     m = measure(t, server, lambda p: reply, prompts=GOLDEN_PROMPTS[:1])
     assert len(m.prompt_errors) == 1 and error in m.prompt_errors[0]
+
+
+def test_empty_or_short_output_ids_for_a_non_empty_completion_are_failed_requests(t, server):
+    """Both sides answering `output_ids: []` with completion_tokens 3 and differing texts used to
+    pass parity and acceptance: [] == []."""
+    def empty(text):
+        return lambda p: (200, {"text": text, "output_ids": [],
+                                "meta_info": {"completion_tokens": 3, "spec_accept_length": 3.0}})
+    before, after = measure(t, server, empty("Paris is")), measure(t, server, empty("London is"))
+    assert not after.outputs and len(after.prompt_errors) == 8
+    assert "0 output_ids for meta_info.completion_tokens 3" in after.prompt_errors[0]
+    g = Gates(acceptance=AcceptanceGate(min=2.0), parity=ParityGate())
+    assert {v.name: v.verdict for v in judge(g, before, after, hybrid=False)} == {
+        "acceptance": INCONCLUSIVE, "parity": INCONCLUSIVE}
+    short = measure(t, server, lambda p: (200, {"text": "x", "output_ids": IDS[p][:2],
+                                                "meta_info": {"completion_tokens": 4}})
+                    if p == GOLDEN_PROMPTS[1] else answer(p))
+    assert len(short.prompt_errors) == 1 and "2 output_ids for meta_info.completion_tokens 4" in short.errors[0]

@@ -40,7 +40,7 @@ def story(tmp_path_factory, ssh_client_key):
         "           vars: {service: sglang-qwen.service}}\n"
         "hosts:\n  ct203: {address: 127.0.0.1, port: %d}\n" % (ssh_client_key, root / "known_hosts", free_port()))
     host = load_inventory(root / "inventory" / "lab.yaml").hosts["ct203"]
-    mirror = local_mirror(root, host.name, host.vars.service)
+    mirror = local_mirror(root, host, host.vars.service)
     mirror.mkdir(parents=True)
     text = (FIXTURE / "story.jsonl").read_text()
     (mirror / "ledger.jsonl").write_text(text)
@@ -245,7 +245,7 @@ def _root_with_mirror(tmp_path: Path, host: str, text: str, service: str = "sgla
     (root / "inventory" / "lab.yaml").write_text(
         f"defaults: {{known_hosts: {root / 'kh'}, connect_timeout: 1, vars: {{service: {service}}}}}\n"
         f"hosts:\n  {host}: {{address: 127.0.0.1, port: {free_port()}}}\n")
-    mirror = root / ".fleetspec" / "hosts" / host / service
+    mirror = local_mirror(root, load_inventory(root / "inventory" / "lab.yaml").hosts[host], service)
     mirror.mkdir(parents=True)
     (mirror / "ledger.jsonl").write_text(text)
     return root

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from fleetspec.errors import UserError
-from fleetspec.identity import ENV, controller_id
+from fleetspec.identity import ENV, controller_id, machine_boot
 from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
@@ -55,8 +55,9 @@ def _dead_pid() -> int:
 
 
 def _holder(controller: str, pid: int, machine: str | None = None) -> Holder:
+    """A holder recorded on this machine in this boot (machine_boot), as a RemoteLock here writes it."""
     return Holder(who="ci", machine=machine or socket.gethostname(), pid=pid, since=time.time(), release="r-held",
-                  controller=controller, token=secrets.token_hex(16))
+                  controller=controller, token=secrets.token_hex(16), boot=machine_boot())
 
 
 def test_controller_id_is_made_once_kept_0600_and_reused(tmp_path, monkeypatch):

@@ -265,7 +265,9 @@ def test_shell_builders_fsync_file_before_and_folder_after_the_rename(tmp_path):
     log = tmp_path / "strace.log"
     subprocess.run([*STRACE, "-o", str(log), "sh", "-c", script], check=True)
     lines = _strace_log(log)
-    assert _durable_write(lines, str(dest) + files.TMP_SUFFIX, str(dest)), lines
+    # copy_atomic's copy is made in a fresh mktemp -d folder beside dest (no guessable name)
+    made = [m for line in lines for m in re.findall(r'"(' + re.escape(str(d)) + r'/\.fleetspec-tmp\.\w{10}/f)"', line)]
+    assert made and _durable_write(lines, made[-1], str(dest)), lines
     assert _renamed(lines, str(link) + files.TMP_SUFFIX, str(link)) and _fsynced(lines, str(d)), lines
     assert _fsynced(lines, str(ledger)), lines
     assert dest.read_text() == "[Service]\n" and os.readlink(link) == str(d / "r1")

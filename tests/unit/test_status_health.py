@@ -41,11 +41,15 @@ SERVER = textwrap.dedent("""\
 
 SYSTEMCTL = textwrap.dedent("""\
     #!/bin/sh
-    # Stand-in for systemd on a machine without it: the unit is the process named in $STATE/pid.
+    # Stand-in for systemd on a machine without it: the unit is the process named in $STATE/pid
+    # (its ControlGroup: the deepest cgroup that process is in).
     STATE={state}
     [ "$1" = show ] || exit 1
     pid=$(cat "$STATE/pid" 2>/dev/null)
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then a=active; s=running; else a=failed; s=failed; pid=0; fi
+    case "$3" in
+      ControlGroup) [ "$pid" != 0 ] && cut -d: -f3- "/proc/$pid/cgroup" | sort | tail -1; exit 0;;
+    esac
     case "$4" in
       *InactiveExitTimestampMonotonic*) echo "InactiveExitTimestampMonotonic=$(cat "$STATE/started_us" 2>/dev/null || echo 0)";;
       *) printf 'LoadState=loaded\\nActiveState=%s\\nSubState=%s\\nMainPID=%s\\n' "$a" "$s" "$pid";;

@@ -358,7 +358,7 @@ def test_throughput_is_the_faster_of_two_rounds(transport):
             self.rfile.read(int(self.headers["Content-Length"]))
             served.append(1)
             time.sleep(0.4 if len(served) <= 4 else 0.05)
-            body = json.dumps({"text": "x", "output_ids": [1], "meta_info": {"completion_tokens": 10}}).encode()
+            body = json.dumps({"text": "x", "output_ids": list(range(10)), "meta_info": {"completion_tokens": 10}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

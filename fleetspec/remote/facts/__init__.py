@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from fleetspec.errors import RemoteError
+from fleetspec.remote import files
 from fleetspec.remote.api import TransportLike
 
 
@@ -106,6 +107,9 @@ def gather_many(transport: TransportLike, items: Any, timeout: float | None = No
 def parse_raw(module: ModuleType, raw: RawFact, host: str, params: Mapping[str, Any]) -> Any:
     fact = module.__name__.rsplit(".", 1)[-1]
     accepts = getattr(module, "OK_RC", (0,))
+    if raw.rc == files.UNTRUSTED_RC and files.UNTRUSTED in raw.stderr:     # said whole: it says what to fix
+        said = [ln for ln in raw.stderr.splitlines() if ln.startswith(files.UNTRUSTED + " ")][-1]
+        raise FactError(f"{host}: {said.removeprefix(files.UNTRUSTED + ' ')[:600]}")
     if raw.rc not in accepts:
         detail = (raw.stderr.strip() or raw.stdout.strip()).splitlines()[-1:] or [""]
         raise FactError(f"{host}: fact {fact} failed (rc={raw.rc}): {detail[0][:200]}")
@@ -113,5 +117,6 @@ def parse_raw(module: ModuleType, raw: RawFact, host: str, params: Mapping[str, 
         return module.parse(raw.stdout, **params)
     except FactError:
         raise
-    except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise FactError(f"{host}: fact {fact}: cannot parse output: {err}") from None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as err:
+        # whatever shape a host's output takes, it is this host's fact that failed
+        raise FactError(f"{host}: fact {fact}: cannot parse output: {type(err).__name__}: {err}") from None

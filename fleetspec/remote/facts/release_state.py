@@ -3,12 +3,12 @@ whether a baseline was recorded (read-only; fleetspec.ops.hoststate does the wri
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from fleetspec.model import hostjson
 from fleetspec.model.layout import HostLayout
 
 _KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock", "holder")
@@ -117,7 +117,7 @@ def _json(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = hostjson.loads(text)
+    except ValueError:
         return {"unparsed": text[:200]}
     return value if isinstance(value, dict) else {"unparsed": text[:200]}

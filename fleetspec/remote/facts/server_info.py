@@ -36,13 +36,17 @@ def parse(data: dict[str, Any]) -> ServerInfo:
     elif not isinstance(launch, list):
         launch = None
     accept = None
-    for state in data.get("internal_states") or []:
-        if isinstance(state, dict) and state.get("avg_spec_accept_length") is not None:
-            accept = float(state["avg_spec_accept_length"])
+    states = data.get("internal_states")
+    for state in states if isinstance(states, list) else []:
+        value = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            accept = float(value)
             break
     algo = data.get("speculative_algorithm")
+    version = data.get("version")
     return ServerInfo(speculative_algorithm=str(algo) if algo not in (None, "") else None, launch_command=launch,
-                      version=data.get("version"), avg_spec_accept_length=accept, raw=data)
+                      version=version if isinstance(version, str) else None, avg_spec_accept_length=accept,
+                      raw=data)
 
 
 def fetch(transport: Any, port: int, api_key: str | None = None, timeout: float = 5) -> ServerInfo:
@@ -51,5 +55,5 @@ def fetch(transport: Any, port: int, api_key: str | None = None, timeout: float 
         raise RemoteError(f"{transport.name}: GET /server_info returned {r.status}")
     try:
         return parse(r.json())
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise RemoteError(f"{transport.name}: /server_info: {err}") from None

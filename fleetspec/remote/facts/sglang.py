@@ -7,9 +7,9 @@ Drift is what a patch set must refuse: someone edited site-packages by hand.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 
+from fleetspec.model import hostjson
 from fleetspec.remote.files import python_c
 
 # Runs in the host's python (3.8+), standard library only; prints one JSON object.
@@ -179,7 +179,7 @@ def command(python: str, hash_paths: tuple[str, ...] = ()) -> str:
 
 
 def parse(stdout: str, python: str = "", hash_paths: tuple[str, ...] = ()) -> SglangInstall:
-    data = json.loads(stdout.strip().splitlines()[-1])
+    data = hostjson.loads_object(stdout.strip().splitlines()[-1], "the sglang fact")
     return SglangInstall(
         python=data["python"], python_version=data["python_version"], version=data.get("version"),
         site_packages=data.get("site_packages"), dist_info=data.get("dist_info"),

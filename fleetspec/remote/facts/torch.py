@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from fleetspec.model import hostjson
 from fleetspec.remote.files import python_c
 
 # Importing torch costs seconds of host CPU on every preflight, so the build facts (version, CUDA
@@ -77,7 +77,7 @@ def command(python: str) -> str:
 
 
 def parse(stdout: str, python: str = "") -> TorchInfo:
-    d = json.loads(stdout.strip().splitlines()[-1])
+    d = hostjson.loads_object(stdout.strip().splitlines()[-1], "the torch fact")
     return TorchInfo(python_tag=d["python_tag"], version=d.get("version"), cuda=d.get("cuda"),
                      cxx11_abi=d.get("cxx11_abi"), cuda_available=bool(d.get("cuda_available")),
                      arch_list=tuple(d.get("arch_list") or ()), error=d.get("error"))
