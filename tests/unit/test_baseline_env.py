@@ -64,7 +64,7 @@ def test_the_baseline_records_values_with_secrets_redacted(host, monkeypatch):
         pf = SimpleNamespace(host=host, service="sglang-qwen.service", python="/usr/bin/python3",
                              unit=SimpleNamespace(fragment_path=UNIT_PATH), unit_bytes=UNIT,
                              dropins={DROPIN_PATH: DROPIN}, exec_argv=["/root/ml-env/bin/python3"],
-                             sglang=SimpleNamespace(version="0.5.23", site_packages="/x", drift=()),
+                             sglang=SimpleNamespace(version="0.5.23", site_packages="/x", drift=()), launch=None,
                              playbook=SimpleNamespace(launch=SimpleNamespace(secret_env=("SERVE_BEARER",))))
         monkeypatch.setenv("SERVE_BEARER", BEARER)
         baseline = take_baseline(t, pf)
