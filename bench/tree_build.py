@@ -10,13 +10,14 @@
 Shape: batch 8, budget 64, block 16 (15 drafted positions after the bonus token), vocab 151,936
 (Qwen's). The kernel is built (or taken from the cache) with fleetspec's kernel builder.
 
-    python bench/tree_build.py [--repeats 7] [--topk-cap N] [--reference]
+    python bench/tree_build.py [--repeats 7] [--threads N] [--topk-cap N] [--reference]
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import os
 import statistics
 import sys
 import time
@@ -87,6 +88,23 @@ def log_softmax_candidates(logits: torch.Tensor, k: int):
     return torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
 
 
+def cpu_isa() -> str:
+    """The CPU's vector ISA as the kernel picks its build (avx512f, avx2+fma, else baseline), torch's
+    own pick, and the CPU's model name, from /proc/cpuinfo."""
+    flags, model = set(), "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+            elif key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+    except OSError:
+        pass
+    kernel = "avx512f" if "avx512f" in flags else "avx2+fma" if {"avx2", "fma"} <= flags else "baseline"
+    return f"kernel ISA {kernel}, torch ISA {torch.backends.cpu.get_cpu_capability()}, {model}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -95,8 +113,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--topk-cap", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--reference", action="store_true", help="also time the full-sort Python heap (slow)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sys.path.insert(0, str(REPO))
     from fleetspec.build.kernel import build_kernel
 
@@ -138,7 +159,8 @@ def main() -> None:
     med = {name: statistics.median(v) for name, v in times.items()}
     print(f"tree build: batch {args.batch}, budget {args.budget}, block {args.block} ({depth} drafted positions), "
           f"vocab {args.vocab:,}, topk_cap {args.topk_cap}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats} interleaved runs; same trees: checked")
+          f"median of {args.repeats} interleaved runs; same trees: checked")
+    print(f"  {torch.get_num_threads()} threads ({os.cpu_count()} CPUs), {cpu_isa()}")
     print(f"  build_ddtree with the kernel:          {med['kernel'] * 1e3:8.1f} ms  "
           f"(kernel candidates alone {med['kernel_candidates'] * 1e3:.1f} ms)")
     print(f"  one sum pass over the logits:          {med['sum'] * 1e3:8.1f} ms  -> kernel build / sum = "

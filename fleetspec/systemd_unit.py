@@ -5,8 +5,8 @@ Reading: `systemctl show` joins argv[] with plain spaces (systemctl-show.c: `str
 " ")`), so an argument holding a space cannot be told apart there; the unit file and its drop-ins
 are the exact source. This follows load-fragment.c's config_parse_exec: words are split with
 extract_first_word(UNQUOTE|CUNESCAPE), a lone unquoted `;` separates commands (`\\;` is a literal
-`;`), leading `-@:+!` on the first word are flags, and `%%` is resolved per word; `$$` is left for
-the exec step (expand_dollars), exactly as systemd stores it.
+`;`), leading `-@:+!` on the first word are flags, and `%%` is resolved per word; `$$` and `$VARIABLES`
+are left for the exec step (facts.execenv expands them as systemd does), exactly as systemd stores it.
 
 Writing: one argv word becomes `%` -> `%%`, `$` -> `$$`, and when it holds whitespace, quotes,
 backslashes, control characters or `;`, the whole word in double quotes with C escapes inside;
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from fleetspec.errors import RemoteError
 
@@ -117,6 +117,7 @@ class ExecCommand:
     path: str
     argv: tuple[str, ...]
     flags: str = ""  # the prefix characters, e.g. "-" for ignore_errors
+    variables: tuple[tuple[str, Any], ...] = ()   # each $VARIABLE expanded and where its value came from (execenv.EnvSource)
 
 
 def parse_exec(value: str, specifiers: dict[str, str] | None = None) -> list[ExecCommand]:
@@ -163,11 +164,8 @@ _VAR = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 
 
 def expand_dollars(argv: tuple[str, ...] | list[str]) -> tuple[list[str], bool]:
-    """argv as the process gets it when no variables are referenced: `$$` -> `$`.
-
-    Returns (argv, uses_variables); with variables only systemd knows the values, so the
-    caller must treat the result as approximate.
-    """
+    """(argv as the process gets it when no variables are referenced: `$$` -> `$`, uses_variables);
+    with variables, only systemd (or facts.execenv) knows the values: the argv is approximate."""
     out, uses = [], False
     for word in argv:
         pieces, i = [], 0
@@ -254,15 +252,15 @@ def effective_environment(unit_text: str, dropin_texts: list[str] | tuple[str, .
     return environment_of([unit_text, *dropin_texts])
 
 
+class NeedsHostEnvironment(UnitSyntaxError):
+    """ExecStart= uses $VARIABLES: its argv needs the host's EnvironmentFile= contents (execenv)."""
+
+
 def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, ...] = (),
                            specifiers: dict[str, str] | None = None) -> ExecCommand:
-    """The one ExecStart= command the service runs: its prefix flags, the executable path (which
-    differs from argv[0] with `@`) and the argv the process gets (`$$` expanded, except under `:`,
-    where systemd expands nothing).
-
-    Refuses (UnitSyntaxError) a unit with no or several commands, or one whose argv uses
-    `$VARIABLES`: fleetspec would otherwise rewrite a command line it does not fully know.
-    """
+    """The one ExecStart= command the service runs: prefix flags, the executable path (argv[0] but
+    with `@`), the argv the process gets (`$$` expanded, not under `:`). UnitSyntaxError: no or several
+    commands; NeedsHostEnvironment: `$VARIABLES` (facts.execenv.effective_exec_command expands them)."""
     commands = exec_start_of([unit_text, *dropin_texts], specifiers)
     if len(commands) != 1:
         raise UnitSyntaxError(f"expected exactly one ExecStart= command, found {len(commands)}")
@@ -271,7 +269,7 @@ def effective_exec_command(unit_text: str, dropin_texts: list[str] | tuple[str, 
         return command
     argv, uses_vars = expand_dollars(command.argv)
     if uses_vars:
-        raise UnitSyntaxError("ExecStart= uses $VARIABLES; fleetspec cannot derive its argv exactly")
+        raise NeedsHostEnvironment("ExecStart= uses $VARIABLES; its argv needs the host's environment files")
     return ExecCommand(path=command.path, argv=tuple(argv), flags=command.flags)
 
 
@@ -361,11 +359,8 @@ def systemd_quote(arg: str) -> str:
 
 
 def exec_line(argv: Iterable[str], prefix: str = "", path: str | None = None) -> str:
-    """The value of an ExecStart= line for this argv, with the unit's prefix characters kept.
-
-    With `@` the executable `path` is written first and argv[0] after it (a separate word); with
-    `:` systemd expands no `$`, so `$` is written as is (only `%` is doubled).
-    """
+    """The value of an ExecStart= line for this argv, the unit's prefix characters kept. With `@` the
+    executable `path` comes first, argv[0] after it; with `:` systemd expands no `$` (only `%` doubled)."""
     argv = list(argv)
     if not argv:
         raise ValueError("empty argv")

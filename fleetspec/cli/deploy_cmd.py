@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -11,6 +12,7 @@ import click
 
 from fleetspec.cli.completion import complete_algos, complete_hosts, complete_releases, complete_targets
 from fleetspec.cli.output import Progress, echo_table
+from fleetspec.model.gpuhealth import CHECKS as GPU_CHECKS
 
 
 @click.command()
@@ -34,11 +36,13 @@ from fleetspec.cli.output import Progress, echo_table
 @click.option("--stage-only", is_flag=True,
               help="Stage the release and run its smoke tests on every host, then stop (nothing live changes): "
                    "the next deploy of this algo switches to it, sending nothing.")
+@click.option("--waive-gpu", "waive_gpu", multiple=True, type=click.Choice(list(GPU_CHECKS)), metavar="CHECK",
+              help=f"Let one GPU health check pass (repeatable): {', '.join(GPU_CHECKS)}.")
 @click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow_unhealthy, canary, serial, max_fail,
-           parallel, rollback_all_on_abort, prestage, stage_only, yes, as_json):
+           parallel, rollback_all_on_abort, prestage, stage_only, waive_gpu, yes, as_json):
     """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
     background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
     Any failure after the switch reverts the host (exit 1). --stage-only ends after the smoke
@@ -64,6 +68,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
                                 rollback_all_on_abort=rollback_all_on_abort)
     hosts = obj.select(targets, all_hosts)
     playbook = load_playbook_for(obj.root_path, algo)
+    if waive_gpu:                         # for this run, as if the playbook's gpu_health.waive listed them
+        playbook = dataclasses.replace(playbook, gpu_waive=tuple(dict.fromkeys([*playbook.gpu_waive, *waive_gpu])))
     options = parse_overrides(playbook, sets)
     strategy = fleet.Strategy.parse(len(hosts), canary=canary, serial=serial, max_fail=max_fail,
                                     parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,

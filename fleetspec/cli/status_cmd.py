@@ -29,7 +29,9 @@ STYLES = {"ok": "green", "active": "green", "active/running": "green", "pristine
               help="Seconds between --watch rounds.")
 @click.pass_obj
 def status(obj, targets, all_hosts, as_json, workers, watch, deadline, interval):
-    """Reachability, service state, algorithm, sglang version, release, drift and health per host.
+    """Reachability, service state, algorithm, sglang version, GPU problems, release, drift and
+    health per host. The gpu column is ok, - (no nvidia-smi) or what preflight would refuse on
+    (ECC, pending remap, Xid, foreign process), with one note per GPU and cause.
 
     Health is ok (/health 200), loading (the unit is starting or running and the port does not
     answer yet, within the host's ready timeout), down (the unit failed or is inactive, or the
@@ -80,15 +82,15 @@ def _emit(rows, as_json: bool) -> None:
         _table(rows)
 
 
-HEADERS = ("host", "health", "state", "algo", "sglang", "release", "drift", "service")
+HEADERS = ("host", "health", "state", "algo", "sglang", "gpu", "release", "drift", "service")
 
 
 def _cells(r) -> list[str]:
     if not r.reachable:
-        return [r.host, "unreachable", "-", "-", "-", "-", "-", r.service]
+        return [r.host, "unreachable", "-", "-", "-", "-", "-", "-", r.service]
     release = f"{r.release} ({r.release_status or '?'})" if r.release else "-"
-    return [r.host, r.health or "-", r.state or "-", r.algo or "-", r.sglang or "-", release, r.drift or "-",
-            r.service]
+    return [r.host, r.health or "-", r.state or "-", r.algo or "-", r.sglang or "-", r.gpu or "-", release,
+            r.drift or "-", r.service]
 
 
 def _table(rows) -> None:
@@ -117,7 +119,7 @@ def _table(rows) -> None:
         for cells in table:
             line = "  ".join(cells[:5])
             out.line(line, _spans(line, cells, [(1, len(cells[0]) + 2), (2, len(cells[0]) + len(cells[1]) + 4)]))
-            rest = f"release {cells[5]}; drift {cells[6]}; service {cells[7]}"
+            rest = f"gpu {cells[5]}; release {cells[6]}; drift {cells[7]}; service {cells[8]}"
             for ln in wrap(rest, out.width, "    ", "  "):
                 out.line(ln)
     for r in rows:

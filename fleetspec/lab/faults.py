@@ -2,7 +2,8 @@
 
 Faults live in /etc/fleetspec-lab/faults.json on the host; the engine stand-in reads it at start
 (crash_at_start, hang_at_start, slow_load) and per request (the rest), so start-time faults bite
-at the next (re)start of the service. disk_full is real: /var/lib/fleetspec is overlaid with a full
+at the next (re)start of the service. gpu=CASE gives the host an nvidia-smi stand-in and a kernel
+log from a fixture case (lab/gpu.py); --clear removes them. disk_full is real: /var/lib/fleetspec is overlaid with a full
 tmpfs as its writable layer, so it reads as before and writes there fail with ENOSPC; --clear
 takes the overlay away (nothing is copied either way).
 """
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from pathlib import Path
 
 from fleetspec.errors import UserError
-from fleetspec.lab import lab, ssh
+from fleetspec.lab import gpu, lab, ssh
 
 FAULTS = "/etc/fleetspec-lab/faults.json"
 KINDS = {  # kind -> value type (None: a flag)
@@ -22,6 +24,8 @@ KINDS = {  # kind -> value type (None: a flag)
     "health_503_after": float, "slow_tokens": float, "slow_load": float, "wrong_algorithm": str,
     "fail_requests_after": float,   # /generate answers 500 once the engine has served this many requests
     "only_algorithm": str,   # a modifier: the faults bite only an engine serving this algorithm
+    "gpu": str,              # a fixture case for the nvidia-smi stand-in (lab/gpu.py): h200x2, ecc, …
+    "xid_at_start": int,     # the engine logs this Xid for GPU 0 at start (needs gpu=…)
 }
 DISK = "/var/lib/fleetspec"
 DISK_LOWER = "/run/fleetspec-lab/disk-lower"
@@ -49,6 +53,8 @@ def parse(specs) -> dict:
             raise UserError(f"fault {kind}={raw}: expected a number") from None
         if isinstance(value, float) and value < 0:
             raise UserError(f"fault {kind}={raw}: must not be negative")
+        if kind == "gpu":
+            gpu.check_case(str(value))
         if kind == "slow_tokens" and isinstance(value, float) and value < 1:
             raise UserError(f"fault slow_tokens={raw}: a factor of 1 or more (tokens/s is divided by it)")
         out[kind] = value
@@ -116,6 +122,8 @@ def apply(root: Path, host: str, specs) -> dict:
     faults = {**_current(root, address), **wanted}
     if wanted.get("disk_full"):
         _run(root, address, host, disk_full_script(), "disk_full")
+    if "gpu" in wanted:
+        _run(root, address, host, gpu.install_script(wanted["gpu"], time.time()), f"gpu={wanted['gpu']}")
     _run(root, address, host, _write_script(faults), "writing faults.json")
     return faults
 
@@ -123,5 +131,6 @@ def apply(root: Path, host: str, specs) -> dict:
 def clear(root: Path, host: str) -> dict:
     address = lab.address_of(host)
     _run(root, address, host, disk_clear_script(), "clearing disk_full")
+    _run(root, address, host, gpu.clear_script(), "removing the GPU stand-ins")
     _run(root, address, host, f"rm -f {shlex.quote(FAULTS)}", "removing faults.json")
     return {}

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.names import is_service
+from fleetspec.model.router import RouterSpec, parse_routers
 from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
 POLICIES = ("strict", "accept-new")
@@ -46,6 +47,7 @@ class HostVars:
     gpu_count: int | None = None
     tags: tuple[str, ...] = ()
     api_key: SecretRef | None = None
+    router: str | None = None          # a name under the inventory's `routers:`
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __hash__(self) -> int:  # `extra` is a mapping; hash the rest so hosts can key dicts
@@ -62,7 +64,7 @@ class HostVars:
 
 VAR_KINDS: dict[str, Kind] = {
     "python": str, "service": str, "api_port": int, "model_path": str, "draft_model_path": str,
-    "gpu_count": int, "tags": list, "api_key": dict, "extra": dict,
+    "gpu_count": int, "tags": list, "api_key": dict, "router": str, "extra": dict,
 }
 
 
@@ -114,6 +116,14 @@ class Inventory:
     path: Path
     hosts: Mapping[str, Host]
     groups: Mapping[str, tuple[str, ...]]
+    routers: Mapping[str, RouterSpec] = field(default_factory=lambda: MappingProxyType({}))
+
+    def router_of(self, host: Host) -> RouterSpec | None:
+        return self.routers.get(host.vars.router) if host.vars.router else None
+
+    def worker_url(self, host: Host) -> str | None:
+        spec = self.router_of(host)
+        return spec.worker_for(host.name, host.address, host.vars.api_port) if spec else None
 
     def select(self, tokens: Iterable[str] = (), all_hosts: bool = False) -> list[Host]:
         """Hosts named by `name`, `@group` or all of them, in inventory order, each once."""
@@ -174,6 +184,7 @@ def load_inventory(path: str | Path) -> Inventory:
     groups_f = top.sub("groups")
     group_vars_f = top.sub("group_vars")
     hosts_f = top.sub("hosts", required=True)
+    routers = parse_routers(top.sub("routers"), path)
     top.done()
 
     base = _connection_fields(defaults, path, {})
@@ -190,7 +201,12 @@ def load_inventory(path: str | Path) -> Inventory:
     groups = _groups(groups_f, raw_hosts, path)
     group_vars = _group_vars(group_vars_f, groups)
     hosts = _hosts(hosts_f, raw_hosts, groups, group_vars, base, base_vars, path)
-    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups))
+    for name, host in hosts.items():
+        if host.vars.router is not None and host.vars.router not in routers:
+            known = ", ".join(routers) or "none under routers"
+            raise ConfigError(path, f"hosts.{name}.vars.router", f"unknown router {host.vars.router!r} (known: {known})")
+    return Inventory(path=path.resolve(), hosts=MappingProxyType(hosts), groups=MappingProxyType(groups),
+                     routers=MappingProxyType(dict(routers)))
 
 
 def _groups(groups_f: Fields, raw_hosts: Mapping[str, Any], path: Path) -> dict[str, tuple[str, ...]]:
@@ -327,6 +343,13 @@ def _build_vars(merged: dict[str, Any], path: Path, key: str) -> HostVars:
     if "api_port" in values and not 1 <= values["api_port"] <= 65535:
         raise ConfigError(path, f"{key}.api_port", f"expected a port number 1-65535, got {values['api_port']}")
     if "extra" in values:
+        waive = values["extra"].get("gpu_waive")
+        if waive is not None:
+            from fleetspec.model.gpuhealth import waiver_errors
+
+            problem = waiver_errors(waive)
+            if problem:
+                raise ConfigError(path, f"{key}.extra.gpu_waive", problem)
         values["extra"] = MappingProxyType(dict(values["extra"]))
     return HostVars(**values)
 

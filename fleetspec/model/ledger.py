@@ -43,6 +43,15 @@ FAILED, ROLLED_BACK, SUPERSEDED, PRUNED = (ReleaseStatus.FAILED, ReleaseStatus.R
 TERMINAL = {HEALTHY, FAILED, ROLLED_BACK, SUPERSEDED, PRUNED}
 
 
+# Router lines: kind `router`, release `router`, state drained | restored, detail {router, worker}.
+ROUTER, DRAINED, RESTORED = "router", "drained", "restored"
+
+
+def router_entry(state: str, router: str, worker: str, **detail: Any) -> "Entry":
+    """Written before the router is asked to remove (drained) and after it lists the worker again."""
+    return Entry(ROUTER, ROUTER, "worker", state, detail={"router": router, "worker": worker, **detail})
+
+
 def actor() -> str:
     """Who is acting: user@machine:pid, so a ledger line and a lock name their author."""
     return f"{os.environ.get('USER') or os.getuid()}@{socket.gethostname()}:{os.getpid()}"
@@ -90,7 +99,7 @@ class ParsedLedger:
         """Each release's latest status, in order of first appearance."""
         out: dict[str, str] = {}
         for e in self.entries:
-            if e.release == "baseline":     # `baseline --retake`/repair lines: not a release
+            if e.release == "baseline" or e.kind == ROUTER:   # retake/repair and router lines: no release
                 continue
             if e.kind == "status":
                 out[e.release] = e.state
@@ -107,6 +116,15 @@ class ParsedLedger:
                 latest[e.release] = e
         return sorted(r for r, e in latest.items() if e.state == STAGED and e.detail.get("ahead")
                       and (algo is None or e.detail.get("algo") == algo))
+
+    def drained(self) -> Entry | None:
+        """The router line of a worker taken out and not yet put back (a deploy cut off mid-drain),
+        so `status` shows it and the next deploy or rollback puts it back."""
+        last = None
+        for e in self.entries:
+            if e.kind == ROUTER:
+                last = e
+        return last if last is not None and last.state == DRAINED else None
 
     def last_step(self, release: str) -> Entry | None:
         steps = [e for e in self.entries if e.release == release and e.kind == "step"]

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from fleetspec.errors import UserError
+from fleetspec.model.bake import BakeSpec, StopSpec, bake_from, stop_from
 from fleetspec.model.names import is_name
 from fleetspec.model.yamlload import Fields, Kind, describe, load_yaml_file
 
@@ -142,6 +143,10 @@ class Playbook:
     gates: Gates = field(default_factory=Gates)
     guard: Guard | None = None
     keep_releases: int = 3
+    bake: BakeSpec | None = None
+    stop: StopSpec = field(default_factory=StopSpec)
+    # GPU health checks (model/gpuhealth.CHECKS) this playbook's deploys do not refuse on
+    gpu_waive: tuple[str, ...] = ()
 
     @property
     def playbooks_dir(self) -> Path:
@@ -188,10 +193,13 @@ def load_playbook(path: str | Path) -> Playbook:
     gates = _gates(top.sub("gates"))
     guard = _guard(top)
     keep = _positive(top, "keep_releases", int, 3)
+    bake, stop = bake_from(top), stop_from(top)
+    gpu_waive = _gpu_health(top)
     top.done()
     return Playbook(path=path, algo=algo, speculative_algorithm=spec_alg, description=description,
                     options=options, hybrid=hybrid, launch=launch, patchsets=patchsets,
-                    kernels=kernels, kernel_policy=kernel_policy, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep)
+                    kernels=kernels, kernel_policy=kernel_policy, smoke=smoke, probes=probes, gates=gates, guard=guard, keep_releases=keep,
+                    bake=bake, stop=stop, gpu_waive=gpu_waive)
 
 
 def _options(f: Fields) -> Mapping[str, Scalar]:
@@ -330,6 +338,22 @@ def _guard(top: Fields) -> Guard | None:
     guard = Guard(burst=_positive(f, "burst", int, Guard.burst), interval_s=_positive(f, "interval_s", int, Guard.interval_s))
     f.done()
     return guard
+
+
+def _gpu_health(top: Fields) -> tuple[str, ...]:
+    """`gpu_health: {waive: [check, …]}`: the GPU checks this playbook's deploys let pass."""
+    from fleetspec.model.gpuhealth import waiver_errors
+
+    if top.data.get("gpu_health") is None:
+        top.get("gpu_health", dict, None)
+        return ()
+    f = top.sub("gpu_health")
+    waive = f.get("waive", list, [])
+    problem = waiver_errors(waive)
+    if problem:
+        f.fail("waive", problem)
+    f.done()
+    return tuple(waive)
 
 
 def _positive(f: Fields, name: str, kind: Kind, default: Any) -> Any:

@@ -174,3 +174,9 @@ class Fields:
         if unknown:
             known = ", ".join(str(k) for k in self._read) or "none"
             self.fail(str(unknown[0]), f"unknown key (known here: {known})")
+
+
+def compose(text: str) -> Any:
+    """The document's node tree: where each value is written (start_mark/end_mark), for edits
+    that must keep every other byte (model.container_compose)."""
+    return yaml.compose(text, Loader=PureStrictLoader)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from fleetspec.errors import UserError
-from fleetspec.model import graphsize, launch
+from fleetspec.model import container_compose, gpuhealth, graphsize, launch
+from fleetspec.model.container_compose import ComposeUp
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops.flags import Flags
 
@@ -64,6 +66,7 @@ class LaunchPlan:
     env_dropped: tuple[str, ...] = ()     # … that the drop-in unsets (UnsetEnvironment=)
     simulated: tuple[str, ...] = ()       # SGLANG_SIMULATE_ACC_*: every gate is inconclusive
     notes: tuple[str, ...] = ()
+    gpus: tuple[int, str] | None = None   # GPUs the launch uses on this host, and how (TP x DP); None: one
 
     def to_dict(self) -> dict:
         d = self.derived
@@ -74,25 +77,31 @@ class LaunchPlan:
                 "env_dropped": list(self.env_dropped), "simulated_env": list(self.simulated)}
 
 
-def classify_or_refuse(command, where: str) -> launch.LaunchForm:
-    """The launch form of the baseline's ExecStart command (systemd_unit.ExecCommand), or a one-line
-    refusal (exit 2) naming the host, the service and the form."""
+def classify_or_refuse(command, where: str) -> launch.LaunchForm | ContainerRun:
+    """The launch form (or the `docker run`/`podman run` container form) of the baseline's ExecStart
+    command (systemd_unit.ExecCommand), or a one-line refusal (exit 2) naming the host, the service and the form."""
     try:
-        return launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+        form = container_compose.classify_exec(list(command.argv), path=command.path, prefix=command.flags)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
+    if isinstance(form, ComposeUp):
+        raise UserError(f"{where}: ExecStart runs `compose up` ({', '.join(form.files) or 'the default compose file'}): "
+                        f"fleetspec reads compose services (docs/containers.md) but plans `docker run`/`podman run` "
+                        f"units only")
+    return form
 
 
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,
-                version: str, environment: Mapping[str, str], where: str) -> LaunchPlan:
+                version: str, environment: Mapping[str, str], where: str, gpu_mem: float | None = None) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
-    speculation-only environment. Refusals name the host and service (exit 2)."""
+    speculation-only environment. Refusals name the host and service (exit 2). `gpu_mem`: the
+    smallest GPU's memory in MiB (graph sizing), None without GPU facts."""
     try:
         derived = launch.derive(form, table, flags.argv, carry=playbook.launch.carry, drop=playbook.launch.drop,
                                 version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
-    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values)
+    sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values, gpu_mem=gpu_mem)
     derived = sized.derived
     keep = set(playbook.launch.env_keep)
     head_env = [a.split("=", 1)[0] for a in form.env_assignments]
@@ -118,6 +127,6 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags
         notes.append(f"{', '.join(simulated)} is set: acceptance is simulated, so every gate is inconclusive "
                      f"(fail closed)")
     return LaunchPlan(form=form, derived=derived, env_kept=kept, env_dropped=dropped, simulated=simulated,
-                      notes=tuple(notes))
+                      notes=tuple(notes), gpus=gpuhealth.gpus_needed(graphsize.given(derived.kept, table)))
 
 

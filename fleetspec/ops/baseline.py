@@ -19,8 +19,9 @@ from fleetspec.model.layout import local_mirror
 from fleetspec.model.ledger import actor
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops.argv import LaunchPlan
+from fleetspec.ops.execstart import exec_command
 from fleetspec.ops.hoststate import HostState
-from fleetspec.ops.preflight_checks import effective_argv, gather_unit, read_unit_files
+from fleetspec.ops.preflight_checks import gather_unit, read_unit_files
 from fleetspec.ops.redaction import secret_refs
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
@@ -39,7 +40,7 @@ def retake(t: TransportLike, host, root) -> str:
             raise UserError(f"{host.name}: release {current} is active; run fleetspec rollback {host.name} first")
         unit = gather_unit(t, host.vars.service)
         unit_bytes, dropins, texts = read_unit_files(t, unit)
-        view = _View(host, unit, unit_bytes, dropins, effective_argv(unit_bytes, texts))
+        view = _View(host, unit, unit_bytes, dropins, list(exec_command(t, unit_bytes, texts).argv))
         view.sglang = facts.gather(t, sglang_fact, python=host.vars.python)
         try:
             old = state.read_baseline()

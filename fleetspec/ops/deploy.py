@@ -16,9 +16,10 @@ from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE, Release, new_release_id
-from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging, steps
+from fleetspec.ops import activation, gpu_checks, planning, probes, rendering, smoke_run, staging, steps
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
+from fleetspec.ops.container_plan import ContainerPlanned
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
 from fleetspec.ops.preflight_checks import check_interrupted
@@ -32,7 +33,14 @@ from fleetspec.remote.systemd import UnitStream
 def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = print,
            progress: Callable[[str | None], None] = lambda line: None) -> DeployOutcome:
     """Preflight (read-only; refuses bad input before the host is touched), then the deploy it decided."""
-    pf = preflight_mod.run(t, req, echo, progress)
+    started = time.monotonic()
+    try:
+        pf = preflight_mod.run(t, req, echo, progress)
+    except ContainerPlanned as planned:                 # a container service: --plan only
+        if not req.plan_only:
+            raise
+        return DeployOutcome(req.host.name, Outcome.PLANNED, None, None, "", {}, {}, planned.plan,
+                             round(time.monotonic() - started, 2), 0.0, 0)
     return Deploy(t, req, pf, echo, progress).run()
 
 
@@ -304,7 +312,12 @@ class Deploy:
 
     # Failure path -----------------------------------------------------------------------------
     def _revert(self, failure: StepFailed) -> DeployOutcome:
-        """Put the previous good state back, prove it healthy, and say what failed and why."""
+        """Put the previous good state back, prove it healthy, and say what failed and why; a GPU
+        fault that appeared since the restart is named, and leaves the host needing attention."""
+        gpu = gpu_checks.cause_since(self.t, self.host, self.pf.gpu_health) if self.switched else []
+        if gpu:
+            failure = StepFailed(failure.step, f"{failure.reason}; on the GPUs since the restart: {'; '.join(gpu)}",
+                                 failure.evidence, failure.command)
         self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
         self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
         self.state.defer(L.Entry.status(self.release_id, L.FAILED, step=failure.step, reason=failure.reason))
@@ -329,6 +342,11 @@ class Deploy:
                                          f"{self.state.layout.release(self.release_id)}/rollback.sh)")
         self.state.defer(L.Entry.step(self.release_id, "revert", L.StepState.OK))
         self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
+        if gpu:       # back on the previous state, but on the GPU that just failed: not fine
+            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
+                                 reason=f"{failure.step}: {failure.reason}; reverted to {self.previous or BASELINE}, "
+                                        f"which runs on the same GPUs",
+                                 command=f"ssh {self.host.address} nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER")
         return self._outcome(Outcome.ROLLED_BACK, failure=failure, exit_code=1)
 
     def _lost(self, err: FleetspecError) -> DeployOutcome:

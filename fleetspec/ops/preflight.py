@@ -10,20 +10,22 @@ returns is ops/preflight_result.Preflight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec import systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.inventory import Host
 from fleetspec.model.launch import LaunchForm
 from fleetspec.model.layout import HostLayout, local_mirror
 from fleetspec.model.playbook import Playbook
 from fleetspec.ops import argv as argv_ops
-from fleetspec.ops import probes, serving
+from fleetspec.ops import container_plan, execstart, probes, serving
 from fleetspec.ops.flags import render_flags
+from fleetspec.ops.gpu_checks import check_gpu_health
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.options import ResolvedOptions, resolve_options
 from fleetspec.ops.preflight_checks import (
@@ -49,12 +51,14 @@ from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import FactError, file_text, missing_paths
 from fleetspec.remote.facts import disk as disk_fact
 from fleetspec.remote.facts import gpu as gpu_fact
+from fleetspec.remote.facts import gpu_health as gpu_health_fact
 from fleetspec.remote.facts import model_config as model_fact
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import torch as torch_fact
 from fleetspec.remote.facts import unit_age as unit_age_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
+from fleetspec.remote.facts.gpu_health import GpuHealth
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.option_table import option_table
 
@@ -72,6 +76,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     loaded = preload_patchsets(playbook)
     got = gather_host(t, host, candidate_paths(loaded))
     svc = read_service(t, host, playbook, req.root, got)
+    if isinstance(svc.form, ContainerRun):
+        raise container_plan.planned(t, req, svc.service, svc.form)
     waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
                                      allow_unhealthy=req.allow_unhealthy, wait=wait_serving and not req.plan_only,
                                      progress=progress)
@@ -85,21 +91,24 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     hybrid = bool(getattr(model, "is_hybrid", False)) or host.is_hybrid_tagged
     options = resolve_options(playbook, req.options, hybrid)
     notes = [waited] if waited else []
-    notes.extend(f"{host.name}: {n}" for n in options.notes)
+    notes.extend(f"{host.name}: {n}" for n in [*svc.notes, *options.notes])
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
-    launch = _plan_launch(t, host, playbook, svc, sg.version, options)
+    launch = _plan_launch(t, host, playbook, svc, sg.version, options, _smallest_gpu(gpus))
     notes.extend(f"{host.name}: {n}" for n in launch.notes)
     patchset = select_patchset(t, playbook, sg, host.name, loaded)
     kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
     check_disk(host, disk, patchset, kernels)
     check_paths(t, host, playbook, _raised(got["missing"]))
     notes.extend(check_gpus(host, gpus))
+    health = got["gpu_health"] if gpus is not None and gpus.present else None
+    notes.extend(check_gpu_health(host, playbook, health, launch.gpus, getattr(tv, "cuda", None)))
     pf = Preflight(host=host, root=req.root, playbook=playbook, service=svc.service, python=host.vars.python,
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
                    sglang=sg, torch=tv, hybrid=hybrid, options=options, new_argv=launch.derived.argv,
                    patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard, form=svc.form,
-                   launch=launch, keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
+                   launch=launch, gpu_health=health if isinstance(health, GpuHealth) else None,
+                   keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
                    staged_ahead=next(reversed(L.parse(_raised(got["ledger"]) or "").staged_ahead(playbook.algo)), None))
     check_templates(pf)
     for note in notes:
@@ -116,8 +125,9 @@ class ServiceRead:
     dropins: dict[str, bytes]
     dropin_texts: list[str]
     exec_argv: list[str]
-    form: LaunchForm
+    form: LaunchForm | ContainerRun
     overriding: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) -> dict:
@@ -137,6 +147,7 @@ def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) 
         "disk": (disk_fact, {"path": str(layout.root)}),
         "model": (model_fact, {"path": _model_path(host, [])}),
         "gpus": (gpu_fact, {}),
+        "gpu_health": (gpu_health_fact, {"service": service}),
         "missing": (missing_paths, {"paths": tuple(model_paths(host))}),
         "age": (unit_age_fact, {"service": service}),
     }, errors="return")
@@ -167,9 +178,10 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
         check_orphan_dropin(state, unit, host, files_fact.baseline_json)
         try:
-            command = systemd_unit.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts)
+            command = execstart.exec_command(t, unit_bytes, dropin_texts)
         except ValueError as err:
             raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
+        notes = execstart.check_variables(command, host, playbook, f"{host.name}: {service}")
         form = argv_ops.classify_or_refuse(command, f"{host.name}: {service}")
         check_dropin_order(unit, host, service)
         overriding = admin_exec_start_dropins(unit, dropin_texts)
@@ -177,15 +189,22 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host.name, service))
         check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
                          baseline_text=files_fact.baseline_json)
-    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding)
+    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding, notes)
+
+
+def _smallest_gpu(gpus) -> float | None:
+    """memory.total (MiB) of the host's smallest GPU, as sglang reads it; None without GPU facts."""
+    sizes = [g.memory_total_mib for g in getattr(gpus, "gpus", None) or [] if g.memory_total_mib]
+    return float(min(sizes)) if sizes else None
 
 
 def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceRead, version: str,
-                 options: ResolvedOptions) -> argv_ops.LaunchPlan:
+                 options: ResolvedOptions, gpu_mem: float | None = None) -> argv_ops.LaunchPlan:
     flags = render_flags(playbook, host.vars.template_view(), options.values)
     table = option_table(t, host.vars.python, version, host.name)
     # the operator's environment, from the unit files (fleetspec's own drop-in left out)
     environment = systemd_unit.effective_environment(svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
+    assert isinstance(svc.form, LaunchForm)      # a container service was planned (and refused) before this
     return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
-                                f"{host.name}: {svc.service}")
+                                f"{host.name}: {svc.service}", gpu_mem)
 

@@ -19,6 +19,7 @@ from fleetspec.model.playbook import Guard, Playbook
 from fleetspec.ops import probes, redaction
 from fleetspec.ops.argv import LaunchPlan
 from fleetspec.ops.options import ResolvedOptions
+from fleetspec.remote.facts.gpu_health import GpuHealth
 from fleetspec.remote.facts.sglang import SglangInstall
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.torch import TorchInfo
@@ -53,6 +54,7 @@ class Preflight:
     guard: Guard | None = None
     before: Measurement | None = None             # the service's figures before the switch (gates)
     staged_ahead: str | None = None               # the newest release `deploy --stage-only` left for this algo
+    gpu_health: GpuHealth | None = None           # as preflight read it; a failed restart is compared with it
 
     @property
     def sglang_version(self) -> str:

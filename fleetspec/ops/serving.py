@@ -17,7 +17,9 @@ from typing import Callable
 
 from fleetspec.errors import UserError
 from fleetspec.model.inventory import Host
+from fleetspec.model.layout import HostLayout
 from fleetspec.ops import probes, status
+from fleetspec.remote import lock as lock_mod
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.unit_age import UnitAge
@@ -38,11 +40,16 @@ def require_serving(t: TransportLike, host: Host, unit: SystemdUnit, age: UnitAg
                     progress: Callable[[str | None], None] = lambda _: None) -> str | None:
     """None when the engine serves now; a note when it was waited for or is let through; else a
     one-line UserError naming the state and what to run. `wait=False` (a plan, a staging ahead:
-    nothing measured, nothing live changed) notes a loading engine instead of waiting for it."""
+    nothing measured, nothing live changed) notes a loading engine instead of waiting for it.
+    An engine that a live deploy or rollback is restarting is that holder's: the refusal is the
+    lock's (naming the holder), never a wait or a "down"."""
     service = host.vars.service
     health, note = health_now(t, host, unit, age, spec.ready_timeout)
     if health == status.OK:
         return None
+    held = lock_mod.busy(t, str(HostLayout(service).lock))
+    if held is not None:
+        raise held
     if allow_unhealthy:
         return f"{host.name}: {service} is {health} ({note}); deploying onto it as asked (--allow-unhealthy)"
     look = f"ssh {host.address} systemctl status {service}; ssh {host.address} journalctl -u {service} -n 50"

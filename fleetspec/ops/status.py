@@ -14,11 +14,13 @@ from pathlib import PurePosixPath
 from typing import Any, Iterable
 
 from fleetspec.errors import FleetspecError
+from fleetspec.model import container_launch, gpuhealth
 from fleetspec.model.inventory import Host
+from fleetspec.ops import container_plan
 from fleetspec.ops.argv import speculative_algorithm_from_argv
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import release_state, server_info, sglang, systemd, unit_age, unit_files
+from fleetspec.remote.facts import gpu_health, release_state, server_info, sglang, systemd, unit_age, unit_files
 
 DEFAULT_WORKERS = 16
 DEFAULT_READY_TIMEOUT = 900.0   # seconds a model may take to load (probes' default; extra.ready_timeout)
@@ -48,10 +50,12 @@ class HostStatus:
     drift_files: list[str] = field(default_factory=list)
     unit_drift: list[str] = field(default_factory=list)   # unit/drop-ins changed by hand since the baseline
     health: str | None = None           # ok | loading | down | unhealthy (see the constants above)
+    gpu: str | None = None              # ok | "-" (no nvidia-smi) | ? (not read) | the GPU problems in a few words
     http: str | None = None             # what /health said: 200, 503, refused, timeout …
     up_s: float | None = None           # seconds since the unit last (re)started
     ready_timeout: float | None = None
     notes: list[str] = field(default_factory=list)
+    container: dict[str, Any] | None = None   # a docker/podman run unit: runtime, image, digest, state, restarts
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +88,7 @@ def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
         "state": (release_state, {"service": host.vars.service}),
         "files": (unit_files, {"service": host.vars.service}),
         "age": (unit_age, {"service": host.vars.service}),
+        "gpu": (gpu_health, {"service": host.vars.service}),
     }, timeout=min(host.command_timeout, 120), errors="return")
     row.reachable = True
     unit, state = got["unit"], got["state"]
@@ -92,11 +97,16 @@ def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
         row.up_s = age.seconds
     declared = _fill_unit(row, unit)
     _fill_sglang(row, got["sglang"])
+    _fill_gpu(row, host, got["gpu"])
     state = _fill_state(row, state, host)
     if not isinstance(unit, FleetspecError) and unit.load_state == "loaded":
         row.notes.extend(_dropin_notes(host, unit.dropin_paths))
         if state is not None and state.baseline:
             _fill_unit_drift(row, t, host, got["files"])
+        if unit.argv and container_launch.runtime_of(unit.exec_start[0].path) and not isinstance(got["files"], FleetspecError):
+            row.container = container_plan.container_status(t, got["files"])
+            if row.container:
+                row.notes.append(container_plan.status_line(row.container))
     _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit)
 
 
@@ -113,6 +123,21 @@ def _fill_unit(row: HostStatus, unit) -> str | None:
     if unit.load_state == "loaded" and unit.sub_state and unit.sub_state != unit.active_state:
         row.state = f"{unit.active_state}/{unit.sub_state}"
     return speculative_algorithm_from_argv(unit.argv) if unit.argv else None
+
+
+def _fill_gpu(row: HostStatus, host: Host, health) -> None:
+    """The GPU problems preflight would refuse on (those it can see without the launch: not the
+    GPU count nor the driver), whether waived for deploys or not: status shows the host as it is."""
+    if isinstance(health, FleetspecError):
+        row.gpu = "?"
+        row.notes.append(f"{host.name}: GPU health not read: {_short_error(health)}")
+        return
+    if not health.present:
+        row.gpu = "-"
+        return
+    found = gpuhealth.problems(health, None, None, host.vars.service)
+    row.gpu = gpuhealth.column(found)
+    row.notes.extend(f"{host.name}: {p.line}" for p in found)
 
 
 def _fill_sglang(row: HostStatus, sg) -> None:

@@ -77,7 +77,7 @@ def test_rescale_of_an_explicit_max_bs_in_both_spellings():
 def test_absent_max_bs_rescales_sglangs_default_and_adds_the_flag():
     sized = graphsize.size(derive(NEXTN, T13), T13, "rescale", "h: svc", VALUES)
     assert sized.derived.added[-2:] == ["--cuda-graph-max-bs", str(160 * 4 // 65)]
-    assert "sglang default" in sized.note
+    assert "no GPU facts on this host: sglang's fallback" in sized.note
 
 
 def test_num_steps_with_topk_1_gives_the_width_sglang_derives():
@@ -123,3 +123,72 @@ def test_the_ddtree_playbook_rescales_from_the_budgets_value():
     sized = graphsize.size(derive(NEXTN + ["--cuda-graph-max-bs", "128"], T13, flags.argv), T13, "rescale", "x",
                            flags.values)
     assert value_of(sized.derived.argv, "--cuda-graph-max-bs") == 128 * 4 // 33
+
+
+REAL_0_5_13 = """
+import json, types
+from sglang.srt.server_args import ServerArgs
+out = {}
+for mem in (16000, 24000, 40000, 81559, 143771, 183359, None):
+    for tp in (1, 2, 4, 8):
+        ns = types.SimpleNamespace(chunked_prefill_size=None, cuda_graph_max_bs=None, tp_size=tp, device="cpu",
+                                   cuda_graph_bs=None, torch_compile_max_bs=None, piecewise_cuda_graph_max_tokens=1,
+                                   context_length=None, piecewise_cuda_graph_tokens=[1], mem_fraction_static=0.88,
+                                   enable_symm_mem=False, _generate_cpu_graph_batch_sizes=lambda: [1])
+        ServerArgs._handle_gpu_memory_settings(ns, mem)
+        out[f"{mem}/{tp}"] = ns.cuda_graph_max_bs
+print(json.dumps(out))
+"""
+
+
+def test_sglang_max_bs_is_what_the_real_0_5_13_code_picks():
+    """sglang 0.5.13.post1's own _handle_gpu_memory_settings, run in its environment on a stand-in
+    object (the method reads only these fields), against fleetspec's table, for every memory row."""
+    import json
+    import subprocess
+
+    from fleetspec.lab.envs import local_env
+
+    done = subprocess.run([str(local_env("0.5.13.post1")), "-c", REAL_0_5_13], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    real = json.loads(done.stdout.strip().splitlines()[-1])
+    for key, bs in real.items():
+        mem, tp = key.split("/")
+        assert graphsize.sglang_max_bs("0.5.13.post1", None if mem == "None" else float(mem), int(tp)) == bs, key
+
+
+def test_0_5_23_caps_its_own_choice_at_the_running_requests():
+    assert graphsize.sglang_max_bs("0.5.23", 143771, 2, 16) == 16
+    assert graphsize.sglang_max_bs("0.5.23", 24000, 2) == 48 and graphsize.sglang_max_bs("0.5.13.post1", 24000, 2) == 24
+    assert graphsize.sglang_max_bs("0.5.13.post1", 143771, 2, 16) == 256
+
+
+H200 = 143771.0
+
+
+def test_sizing_from_gpu_facts_shows_the_real_size_and_the_arithmetic():
+    argv = NEXTN + ["--max-running-requests", "8"]
+    sized = graphsize.size(derive(argv, T13), T13, "rescale", "h: svc", VALUES, gpu_mem=H200)
+    assert sized.derived.added[-2:] == ["--cuda-graph-max-bs", "15"]
+    assert sized.note == ("--cuda-graph-max-bs 256 (sglang 0.5.13.post1's own choice for 143771 MiB GPUs at TP 2) "
+                          "holds 256 x 4 = 1024 verify tokens; the new launch verifies 65 per request: "
+                          "--cuda-graph-max-bs 256 -> 15 (15 x 65 = 975 <= 1024)")
+
+
+def test_below_the_serving_concurrency_is_refused_with_gpu_facts_and_said_without():
+    argv = NEXTN + ["--max-running-requests", "16"]
+    with pytest.raises(UserError) as err:
+        graphsize.size(derive(argv, T13), T13, "rescale", "ct129: sglang-qwen.service", VALUES, gpu_mem=H200)
+    said = str(err.value)
+    assert "\n" not in said and said.startswith("ct129: sglang-qwen.service: --cuda-graph-max-bs 256 (")
+    assert "15 requests per graph fit, below the 16 the host serves at once" in said
+    assert "--set budget=63" in said                  # 64 verify tokens x 16 requests = 1024
+    lab = graphsize.size(derive(argv, T13), T13, "rescale", "ct129: s", VALUES)          # no GPU facts: the fallback
+    assert lab.derived.added[-2:] == ["--cuda-graph-max-bs", "9"]
+    assert "no GPU facts" in lab.note and "below the 16 the host serves at once" in lab.note
+    explicit = graphsize.size(derive(NEXTN + ["--cuda-graph-max-bs", "8"], T13), T13, "rescale", "x", VALUES, gpu_mem=H200)
+    assert value_of(explicit.derived.argv, "--cuda-graph-max-bs") == 1 and "set in the baseline" in explicit.note
+    fits = graphsize.size(derive(NEXTN + ["--cuda-graph-max-bs", "8"], T13, flags=DDTREE[:4] + [
+        "--speculative-num-draft-tokens", "4"]), T13, "rescale", "x", {"--speculative-num-draft-tokens": 4}, gpu_mem=H200)
+    assert fits.note is None and value_of(fits.derived.argv, "--cuda-graph-max-bs") == 8   # kept: it fits

@@ -18,7 +18,10 @@ import yaml
 
 from fleetspec import systemd_unit
 from fleetspec.lab.envs import SGLANG_VERSIONS
-from fleetspec.model import launch
+from fleetspec.model import container_compose, container_launch, launch
+from fleetspec.model.container_compose import ComposeUp
+from fleetspec.remote.facts import execenv
+from fleetspec.remote.facts.execenv import HostEnv
 
 CORPUS = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "execstart_corpus.yaml").read_text())
 FLAGS = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/draft",
@@ -49,7 +52,14 @@ def _expect(case, version):
 
 
 def _command(case):
-    return systemd_unit.effective_exec_command(case["unit"])
+    """The ExecStart the process gets; a unit with $VARIABLES reads the case's environment files."""
+    env = HostEnv(files={p: ((p, t.encode()),) for p, t in (case.get("env_files") or {}).items()}, manager={})
+    return execenv.effective_exec_command(case["unit"], env=env)
+
+
+def _classify(command):
+    """The launch form, the container run (its engine command is what moves), or a compose up."""
+    return container_compose.classify_exec(list(command.argv), path=command.path, prefix=command.flags)
 
 
 def _environment(case) -> dict:
@@ -65,6 +75,9 @@ def test_corpus_is_real_and_large_enough():
     moved = [c for c in CORPUS if c["expect"] == "moved"]
     refused = [c for c in CORPUS if c["expect"] != "moved"]
     assert len(moved) >= 15 and len(refused) >= 8
+    # containers are read now (their engine command moves); units with $VARIABLES deploy
+    assert not [c for c in CORPUS if "container runtime" in c["expect"]]
+    assert len([c for c in moved if c.get("container")]) >= 2 and len([c for c in moved if c.get("env_files")]) >= 2
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c["id"] for c in CORPUS])
@@ -72,31 +85,47 @@ def test_classify(case):
     """Version-independent: the launch form, or the refusal naming the form."""
     command = _command(case)
     try:
-        form = launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+        form = _classify(command)
     except launch.LaunchRefused as err:
         expect = case["expect"]
         assert expect.startswith("refused:"), f"{case['id']} refused: {err}"
         # refusals by form name it; parser-level refusals come later (classify passes them)
         assert expect.split(":", 1)[1].strip() in str(err), str(err)
         return
+    if isinstance(form, ComposeUp):
+        assert case["expect"] == "compose up" and list(form.files) == case["compose_files"], case["id"]
+        return
     assert form.prefix == command.flags and form.path == command.path
+    if isinstance(form, container_launch.ContainerRun):
+        assert case.get("container") == form.runtime, case["id"]
+        assert form.argv == command.argv
+        return
+    assert "container" not in case, case["id"]
     assert form.argv[:form.start] == command.argv[:form.start]
 
 
 def _derive_all(version, table):
-    """(case, form, derived | LaunchRefused) for every case that classifies."""
+    """(case, form, derived | LaunchRefused, host) for every case that classifies; for a container
+    the form is the engine command inside and `host` the re-emitted runtime argv."""
     out = []
     for case in CORPUS:
         command = _command(case)
         try:
-            form = launch.classify(list(command.argv), path=command.path, prefix=command.flags)
+            got = _classify(command)
         except launch.LaunchRefused:
             continue
+        if isinstance(got, ComposeUp):
+            continue
+        form, host = (got.engine, got) if isinstance(got, container_launch.ContainerRun) else (got, None)
         try:
-            derived = launch.derive(form, table, FLAGS, carry=CARRY, version=version)
+            if host is not None:
+                whole = container_launch.derive(host, table, FLAGS, carry=CARRY, version=version)
+                derived, host = whole.engine, (host, whole.argv)
+            else:
+                derived = launch.derive(form, table, FLAGS, carry=CARRY, version=version)
         except launch.LaunchRefused as err:
             derived = err
-        out.append((case, form, derived))
+        out.append((case, form, derived, host))
     return out
 
 
@@ -111,7 +140,7 @@ def test_corpus_round_trips_through_real_parser(version):
     assert table is not None, f"no packaged option table for {version}"
     results = _derive_all(version, table)
     batch = [["--model-path", "/m", *FLAGS]]
-    for _case, form, derived in results:
+    for _case, form, derived, _host in results:
         batch.append(launch.parsed_args(form, form.argv, version))
         if not isinstance(derived, launch.LaunchRefused):
             batch.append(launch.parsed_args(form, derived.argv, version))
@@ -124,7 +153,7 @@ def test_corpus_round_trips_through_real_parser(version):
     reference = real.pop(0)
     assert reference["ok"], reference
     checked = {"moved": 0, "refused": 0}
-    for case, form, derived in results:
+    for case, form, derived, host in results:
         expect = _expect(case, version)
         before = real.pop(0)
         if isinstance(derived, launch.LaunchRefused):
@@ -136,7 +165,7 @@ def test_corpus_round_trips_through_real_parser(version):
             continue
         after = real.pop(0)
         assert expect == "moved", f"{case['id']} on {version}: moved, expected {expect}"
-        _check_moved(case, form, derived, before, after, reference, version)
+        _check_moved(case, form, derived, before, after, reference, version, host)
         checked["moved"] += 1
     assert not real
     assert checked["moved"] >= 15 and checked["refused"] >= 4, checked
@@ -144,14 +173,17 @@ def test_corpus_round_trips_through_real_parser(version):
     assert launch.parse_dump(done.stdout).to_dict() == table.to_dict()
 
 
-def _check_moved(case, form, derived, before, after, reference, version):
+def _check_moved(case, form, derived, before, after, reference, version, host=None):
     cid = f"{case['id']} on {version}"
     # render -> systemd's parse -> the process's argv: byte-exact, prefix and executable kept
-    line = systemd_unit.exec_line(derived.argv, form.prefix, form.path if "@" in form.prefix else None)
+    run, argv = host if host is not None else (form, derived.argv)
+    line = systemd_unit.exec_line(argv, run.prefix, run.path if "@" in run.prefix else None)
     back = systemd_unit.effective_exec_command(f"[Service]\nExecStart=\nExecStart={line}\n")
-    assert list(back.argv) == derived.argv, cid
-    assert back.flags == form.prefix and back.path == form.path, cid
+    assert list(back.argv) == argv, cid
+    assert back.flags == run.prefix and back.path == run.path, cid
     assert derived.argv[:form.start] == list(form.argv[:form.start]), cid
+    if host is not None:        # every runtime word up to the image kept byte for byte
+        assert argv[:run.image_at + 1] == list(run.argv[:run.image_at + 1]), cid
     assert before["ok"], f"{cid}: real parser refuses the baseline ({before['error']}) but fleetspec moved it"
     assert after["ok"], f"{cid}: real parser refuses the derived command: {after['error']}"
     old, new, ref = before["ns"], after["ns"], reference["ns"]

@@ -41,10 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    if faults.get("crash_at_start"):
-        log.error("RuntimeError: CUDA error: an illegal memory access was encountered "
-                  "(fleetspec-lab fault crash_at_start)")
-        sys.exit(1)
+    settings.bite_at_start(faults, log)       # xid_at_start, crash_at_start (exits 1)
     load = float(faults.get("slow_load", config["load_seconds"]))
     log.info("Load weight begin (%.1f s)", load)
     if stop.wait(load):

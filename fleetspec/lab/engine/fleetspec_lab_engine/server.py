@@ -11,6 +11,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fleetspec_lab_engine import model, settings
+from fleetspec_lab_engine.metrics import Metrics
 
 DDTREE_MODULE = "sglang.srt.speculative.ddtree_utils"
 
@@ -26,6 +27,7 @@ class State:
         self.inflight = 0
         self.cond = threading.Condition()
         self.served_model_name = parsed.get("served_model_name") or parsed.get("model_path")
+        self.metrics = Metrics(str(self.served_model_name))
 
     def healthy(self) -> bool:
         if self.status != "up":
@@ -147,18 +149,15 @@ class Handler(BaseHTTPRequestHandler):
     def metrics(self):
         if not self.state.parsed.get("enable_metrics"):
             return self._send(404, {"detail": "Not Found"})
-        st, name = self.state.engine.stats, self.state.served_model_name
-        label = f'{{model_name="{name}",engine_type="unified"}}'
-        lines = [
-            "# TYPE sglang:prompt_tokens_total counter", f"sglang:prompt_tokens_total{label} {st['prompt_tokens']}",
-            "# TYPE sglang:generation_tokens_total counter", f"sglang:generation_tokens_total{label} {st['generation_tokens']}",
-            "# TYPE sglang:num_requests_total counter", f"sglang:num_requests_total{label} {st['requests']}",
-            "# TYPE sglang:num_running_reqs gauge", f"sglang:num_running_reqs{label} {st['running']}",
-            "# TYPE sglang:gen_throughput gauge", f"sglang:gen_throughput{label} {st['last_throughput']}",
-            "# TYPE sglang:spec_accept_length gauge",
-            f"sglang:spec_accept_length{label} {self.state.engine.accept_length() or 0.0}",
-        ]
-        self._send(200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4; charset=utf-8")
+        self._send(200, self.state.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def get_load(self):
+        """0.5.13.post1's /get_load (0.5.23 has only /v1/loads): sglang-router 0.3.2 reads it."""
+        if self.state.parsed.version.startswith("0.5.23"):
+            return self._send(404, {"detail": "Not Found"})
+        running = self.state.metrics.running
+        self._send(200, [{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": running,
+                          "num_pending_tokens": 0, "ts_tic": time.perf_counter()}])
 
     # -- generation
     def _admit(self) -> bool:
@@ -179,7 +178,19 @@ class Handler(BaseHTTPRequestHandler):
     def _run(self, prompt_ids, params, on_step=None):
         max_new = int(params.get("max_new_tokens", 128))
         temperature = float(params.get("temperature", 1.0))
-        return self.state.engine.generate(prompt_ids, max_new, temperature, on_step, params.get("sampling_seed"))
+        metrics = self.state.metrics
+        metrics.started()
+        try:
+            result = self.state.engine.generate(prompt_ids, max_new, temperature, on_step, params.get("sampling_seed"))
+        except BaseException:
+            metrics.aborted(was_running=True)
+            raise
+        verify_ct, proposed = result.get("verify_ct") or 0, max(1, result.get("proposed") or 0)
+        spec = self.state.engine.algorithm != "NONE" and verify_ct
+        metrics.finished(len(prompt_ids), len(result["ids"]), result["elapsed"],
+                         len(result["ids"]) / verify_ct if spec else None,
+                         (result.get("accepted") or 0) / proposed if spec else None)
+        return result
 
     def _meta(self, rid, prompt_ids, ids, result, elapsed, finished: bool, max_new: int):
         meta = {"id": rid, "finish_reason": {"type": "length", "length": max_new} if finished else None,
@@ -207,6 +218,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ValueError("Either text or input_ids should be provided.")
         after = settings.faults().get("fail_requests_after")
         if after is not None and self.state.engine.stats["requests"] >= float(after):
+            self.state.metrics.aborted()
             return self._send(500, {"error": {"message": "injected fault: fail_requests_after", "code": 500}})
         if not self._admit():
             return
@@ -278,6 +290,7 @@ ROUTES = {
     ("GET", "/get_model_info"): Handler.model_info,
     ("GET", "/v1/models"): Handler.models,
     ("GET", "/metrics"): Handler.metrics,
+    ("GET", "/get_load"): Handler.get_load,
     ("POST", "/generate"): Handler.generate,
     ("POST", "/v1/chat/completions"): Handler.chat,
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 ETC = Path(os.environ.get("FLEETSPEC_LAB_ETC", "/etc/fleetspec-lab"))
@@ -17,6 +18,7 @@ ENGINE_DEFAULTS = {
     "verify_node_cost": 0.01,  # each verified node beyond the first, in step_seconds
     "draft_token_cost": 0.01,  # each drafted position, in step_seconds (same for every algorithm)
     "drain_seconds": 30.0,    # SIGTERM waits at most this long for in-flight requests
+    "thin_step_seconds": 0.0,  # the thin stand-in's pace per token (0: it answers at once)
     "vocab": 64,
 }
 
@@ -49,3 +51,35 @@ def faults() -> dict:
     if only and str(only).upper() != str(ALGORITHM or "NONE").upper():
         return {}
     return data
+
+
+def log_xid(code: int) -> str | None:
+    """Append an Xid line for GPU 0 to the lab's kernel log (ETC/gpu/kernel.log, which the lab's
+    journalctl prints for -k), as the driver logs one when a GPU fails under a starting engine.
+    Returns the line, None without the GPU stand-in (no fixture tables)."""
+    import time
+
+    folder = ETC / "gpu"
+    try:
+        header, first = (folder / "query-gpu.csv").read_text().splitlines()[:2]
+    except (OSError, ValueError):
+        return None
+    names = [h.strip().split(" [")[0] for h in header.split(",")]
+    bus = [c.strip() for c in first.split(",")][names.index("pci.bus_id")]
+    domain, rest = bus.split(":", 1)
+    pci = f"{int(domain, 16):04x}:{rest.rsplit('.', 1)[0].lower()}"
+    line = f"NVRM: Xid (PCI:{pci}): {code}, pid={os.getpid()}, name=python3, fleetspec-lab fault xid_at_start"
+    with open(folder / "kernel.log", "a") as fh:
+        fh.write(f"{time.time():.6f} {line}\n")
+    return line
+
+
+def bite_at_start(faults: dict, log) -> None:
+    """The faults that bite before the model load: xid_at_start logs the Xid for GPU 0 (log_xid),
+    crash_at_start exits 1 as a CUDA error does."""
+    if faults.get("xid_at_start"):
+        log.error("GPU fault: %s", log_xid(int(faults["xid_at_start"])) or "no GPU stand-in (lab fault gpu=…)")
+    if faults.get("crash_at_start"):
+        log.error("RuntimeError: CUDA error: an illegal memory access was encountered "
+                  "(fleetspec-lab fault crash_at_start)")
+        sys.exit(1)

@@ -1,0 +1,220 @@
+"""Container launch forms on a systemd host (pure): `docker run` / `podman run` ExecStart lines.
+
+`<runtime> [runtime options] [container] run [run options] IMAGE [COMMAND [ARG…]]` is split the
+way the runtime's own parser (cobra/pflag) splits it, from a table of which options take a value
+(model.container_options, read from the programs' --help): `--opt value`, `--opt=value`,
+`-o value`, `-ovalue`, `-o=value`, clusters such as `-it` or `-itp 8000:8000`, `--` ending the
+options; the first word that is not an option is the image, the rest is the command. Every word
+up to and including the image is kept byte for byte; the command inside the container is
+classified and derived exactly as a bare-metal ExecStart (model.launch), and the host argv is
+re-emitted as the same runtime words followed by the new command.
+
+Refused, in one line, with nothing changed: an unknown runtime or subcommand, an option missing
+from the table (its arity is unknown), no image, no command after the image (the image's
+entrypoint hides it), a shell or other wrapper inside the container (`bash -c …`). With no
+`--entrypoint` the command still runs behind the image's own ENTRYPOINT, which only the image
+can tell (`podman image inspect`): `needs_image_entrypoint` says so, for the host check.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Sequence
+
+from fleetspec.model import launch
+from fleetspec.model.container_options import RUNTIMES, RuntimeOptions, load
+from fleetspec.model.launch import LaunchForm, LaunchRefused
+
+ADVICE = ("run the engine command itself after the image (`… IMAGE python3 -m sglang.launch_server …` or "
+          "`… IMAGE sglang serve …`), runtime settings as runtime options")
+
+
+@dataclass(frozen=True)
+class RuntimeOption:
+    """One option as written: its words, the name it was given by (a short cluster up to the letter
+    that takes the value: `-itp` of `-itp 8000:8000`, `-e` of `-eA=1`), and its value (None: a flag)."""
+
+    tokens: tuple[str, ...]
+    name: str
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerRun:
+    """A `docker run` / `podman run` ExecStart; argv[:image_at + 1] is kept byte for byte."""
+
+    runtime: str                      # docker | podman
+    prefix: str                       # ExecStart's prefix characters, kept
+    path: str                         # the executable systemd runs
+    argv: tuple[str, ...]             # the whole host argv
+    image_at: int                     # argv[image_at] is the image
+    main_options: tuple[RuntimeOption, ...]
+    options: tuple[RuntimeOption, ...]
+    entrypoint: tuple[str, ...] | None    # --entrypoint's words (None: the image's own)
+    engine: LaunchForm                # the command inside the container, classified
+
+    @property
+    def image(self) -> str:
+        return self.argv[self.image_at]
+
+    @property
+    def head(self) -> list[str]:
+        return list(self.argv[:self.image_at + 1])
+
+    @property
+    def needs_image_entrypoint(self) -> bool:
+        """No --entrypoint: the image's ENTRYPOINT (if any) runs in front of the command."""
+        return self.entrypoint is None
+
+    def option(self, *names: str) -> list[str | None]:
+        """Values of every option given by one of `names` (long or short spelling), in order."""
+        return [o.value for o in self.options if o.name in names or (o.name[:1] == "-" and o.name[1:2] != "-"
+                                                                      and "-" + o.name[-1] in names)]
+
+    @property
+    def label(self) -> str:
+        return f"{self.runtime} run {self.image} ({self.engine.label})"
+
+
+def split_options(argv: Sequence[str], i: int, table: dict[str, bool], what: str) -> tuple[list[RuntimeOption], int]:
+    """pflag's parse from argv[i] to the first word that is not an option; (options, its index)."""
+    out: list[RuntimeOption] = []
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return out, i + 1
+        if not word.startswith("-") or word == "-":
+            return out, i
+        opt = _long(argv, i, table, what) if word.startswith("--") else _short(argv, i, table, what)
+        out.append(opt)
+        i += len(opt.tokens)
+    return out, i
+
+
+def _long(argv: Sequence[str], i: int, table: dict[str, bool], what: str) -> RuntimeOption:
+    name, eq, value = argv[i].partition("=")
+    takes = _lookup(table, name, what)
+    if eq or not takes:
+        return RuntimeOption((argv[i],), name, value if eq else None)
+    if i + 1 >= len(argv):
+        raise LaunchRefused(f"{what} with {name} and no value", "the runtime refuses it", "fix the ExecStart first")
+    return RuntimeOption((argv[i], argv[i + 1]), name, argv[i + 1])
+
+
+def _short(argv: Sequence[str], i: int, table: dict[str, bool], what: str) -> RuntimeOption:
+    """A cluster such as `-it`, `-p8000:8000`, `-itp 8000:8000` or `-e=A=1` (pflag's rules)."""
+    letters = argv[i][1:]
+    for n, letter in enumerate(letters):
+        name = "-" + letter
+        takes = _lookup(table, name, what)
+        rest = letters[n + 1:]
+        cluster = "-" + letters[:n + 1]          # the letters up to the one that takes the value
+        if rest.startswith("="):
+            return RuntimeOption((argv[i],), cluster, rest[1:])
+        if not takes:
+            continue
+        if rest:
+            return RuntimeOption((argv[i],), cluster, rest)
+        if i + 1 >= len(argv):
+            raise LaunchRefused(f"{what} with {name} and no value", "the runtime refuses it", "fix the ExecStart first")
+        return RuntimeOption((argv[i], argv[i + 1]), cluster, argv[i + 1])
+    return RuntimeOption((argv[i],), argv[i], None)
+
+
+def _lookup(table: dict[str, bool], name: str, what: str) -> bool:
+    if name not in table:
+        raise LaunchRefused(f"{what} with the option {name}", "fleetspec's table of the runtime's options does not "
+                            "know it, so it cannot tell where the image starts", "spell the option as the runtime's "
+                            "--help lists it")
+    return table[name]
+
+
+def runtime_of(path: str) -> str | None:
+    name = PurePosixPath(path).name
+    return name if name in RUNTIMES else None
+
+
+def parse_run(argv: Sequence[str], *, path: str | None = None, prefix: str = "",
+              options: RuntimeOptions | None = None) -> ContainerRun:
+    """The container form of one ExecStart command, or LaunchRefused naming what is refused."""
+    argv = list(argv)
+    path = path or argv[0]
+    runtime = runtime_of(path)
+    if runtime is None:
+        raise LaunchRefused(f"an unknown container runtime ({PurePosixPath(path).name})", "fleetspec reads "
+                            "`docker run` and `podman run` only", ADVICE)
+    table = options or load(runtime)
+    main, i = split_options(argv, 1, table.main, f"`{runtime}`")
+    sub = argv[i:i + 2]
+    if sub[:1] == ["run"]:
+        run_at = i
+    elif sub == ["container", "run"]:
+        run_at = i + 1
+    else:
+        word = " ".join(sub[:1]) or "(nothing)"
+        raise LaunchRefused(f"`{runtime} {word}`", "only `run` starts a container whose command fleetspec can read",
+                            "for compose, fleetspec reads the compose file's service" if word == "compose" else ADVICE)
+    run_table = {**table.main, **table.run} if runtime == "podman" else table.run   # podman's globals persist
+    opts, image_at = split_options(argv, run_at + 1, run_table, f"`{runtime} run`")
+    if image_at >= len(argv):
+        raise LaunchRefused(f"`{runtime} run` without an image", "the runtime refuses it", "fix the ExecStart first")
+    entrypoint = _entrypoint(runtime, opts)
+    inside = [*(entrypoint or ()), *argv[image_at + 1:]]
+    if not inside or (entrypoint is None and inside[0].startswith("-")):
+        raise LaunchRefused(f"`{runtime} run {argv[image_at]}` with no engine command", "the image's entrypoint hides the "
+                            "engine command, so fleetspec cannot see or replace its flags", ADVICE)
+    engine = classify_inside(inside, runtime)
+    return ContainerRun(runtime, prefix, path, tuple(argv), image_at, tuple(main), tuple(opts),
+                        None if entrypoint is None else tuple(entrypoint), engine)
+
+
+def _entrypoint(runtime: str, opts: Sequence[RuntimeOption]) -> list[str] | None:
+    """--entrypoint's words: docker takes one executable; podman also a JSON array (`["python3", "-m"]`)."""
+    values = [o.value for o in opts if o.name == "--entrypoint"]
+    if not values:
+        return None
+    value = values[-1] or ""
+    if runtime == "podman" and value.startswith("["):
+        try:
+            words = json.loads(value)
+        except ValueError:
+            words = None
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise LaunchRefused("`podman run --entrypoint` with a malformed JSON array", "podman refuses it",
+                                "fix the ExecStart first")
+        return list(words)
+    return [value] if value else []
+
+
+def classify_inside(inside: Sequence[str], runtime: str) -> LaunchForm:
+    """The engine command inside the container, classified as a bare-metal ExecStart is."""
+    try:
+        return launch.classify(list(inside), path=inside[0])
+    except LaunchRefused as err:
+        raise LaunchRefused(f"`{runtime} run` with {err.form} inside the container", err.why, ADVICE) from None
+
+
+@dataclass(frozen=True)
+class ContainerDerived:
+    argv: list[str]              # the new host argv: the kept runtime words, then the new command
+    engine: launch.Derived       # what the derivation did to the command inside
+
+
+def derive(run: ContainerRun, table: launch.OptionTable, flags: Sequence[str], *, carry: Sequence[str] = (),
+           drop: Sequence[str] = (), version: str | None = None) -> ContainerDerived:
+    """The engine command derived exactly as for bare metal, behind the unchanged runtime words."""
+    derived = launch.derive(run.engine, table, flags, carry=carry, drop=drop, version=version)
+    return ContainerDerived(argv=host_argv(run, derived.argv), engine=derived)
+
+
+def host_argv(run: ContainerRun, engine_argv: Sequence[str]) -> list[str]:
+    """The runtime words up to the image, kept, then the new engine command (less the
+    --entrypoint words, which must be unchanged)."""
+    skip = len(run.entrypoint or ())
+    keep = max(skip, run.engine.start)
+    if list(engine_argv[:keep]) != list(run.engine.argv[:keep]):
+        raise LaunchRefused(f"`{run.runtime} run --entrypoint`", "the derived command would change the "
+                            "entrypoint's words", ADVICE)
+    return [*run.head, *engine_argv[skip:]]

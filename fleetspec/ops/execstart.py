@@ -1,0 +1,54 @@
+"""The operator's ExecStart as the process gets it: `$VARIABLES` expanded from Environment= and the
+host's EnvironmentFile= exactly as systemd does (facts.execenv, facts.env_files), and what that
+expansion means for a deploy.
+
+fleetspec's drop-in writes the *expanded* argv (every `$` as `$$`), not the variables: the
+derived command is then exact whatever fleetspec's own drop-in adds to or removes from the
+environment (PYTHONPATH, UnsetEnvironment= of speculation-only variables), and `systemctl show`
+after the reload can be compared with it word for word. Rollback restores the unit's recorded
+bytes, variables and all; fleetspec never edits an EnvironmentFile=. A variable whose value is
+secret is refused: the drop-in and `systemctl show` would expose it.
+"""
+
+from __future__ import annotations
+
+from fleetspec import systemd_unit
+from fleetspec.errors import UserError
+from fleetspec.model.baseline import is_secret
+from fleetspec.model.inventory import Host
+from fleetspec.model.playbook import Playbook
+from fleetspec.ops.redaction import secret_refs
+from fleetspec.remote import facts
+from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import env_files as env_files_fact
+from fleetspec.remote.facts import execenv
+
+
+def exec_command(t: TransportLike, unit_bytes: bytes, dropin_texts: list[str]) -> systemd_unit.ExecCommand:
+    """The effective ExecStart command; reads the host's environment files only when the command
+    uses variables (one more round trip for such units, none for the others)."""
+    text = unit_bytes.decode(errors="replace")
+    try:
+        return execenv.effective_exec_command(text, dropin_texts)
+    except systemd_unit.NeedsHostEnvironment:
+        pass
+    patterns = tuple(execenv.env_file_patterns([text, *dropin_texts]))
+    env = facts.gather(t, env_files_fact, patterns=patterns)
+    return execenv.effective_exec_command(text, dropin_texts, env=env)
+
+
+def check_variables(command: systemd_unit.ExecCommand, host: Host, playbook: Playbook | None, where: str) -> list[str]:
+    """Refuse a secret that expansion would write into the drop-in; otherwise the plan's note
+    (names and where each value came from, never the values)."""
+    names, values = secret_refs(host, playbook)
+    for name, src in command.variables:
+        if src.value and is_secret(name, src.value, names, values):
+            raise UserError(f"{where}: ExecStart= takes ${name} from {src.source}, which holds a secret; fleetspec "
+                            f"writes the expanded command line into its drop-in, where `systemctl show` prints it; "
+                            f"take the secret out of the command line (or write the unit without the variable)")
+    if not command.variables:
+        return []
+    used = ", ".join(f"${name} ({src.source if src.value is not None else 'unset: ' + src.source})"
+                     for name, src in command.variables)
+    return [f"ExecStart's variables expanded as systemd does: {used}; fleetspec's drop-in writes the expanded "
+            f"command line, and rollback restores the unit with its variables"]
