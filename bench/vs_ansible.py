@@ -144,7 +144,7 @@ def watched(address: str, python: str, port: int, run) -> tuple[tuple[int, float
 def playbook_vars(health_retries: int) -> tuple[dict, dict]:
     """What deploy.yml needs, from fleetspec's preflight of ct129 (read-only), and the Ansible
     inventory for ct129 + ct200 with the lab's key and known_hosts."""
-    from fleetspec import render
+    from fleetspec import systemd_unit
     from fleetspec.model.inventory import load_inventory
     from fleetspec.model.playbook import load_playbook_for
     from fleetspec.ops import preflight
@@ -164,7 +164,7 @@ def playbook_vars(health_retries: int) -> tuple[dict, dict]:
         "service": pf.service, "unit_path": pf.unit.fragment_path, "python": pf.python,
         "site_packages": pf.sglang.site_packages, "port": host.vars.api_port,
         "patch_files": [{"src": str(pf.patchset.source(f)), "path": f.path} for f in pf.patchset.files],
-        "exec_line": render.exec_line(pf.new_argv, pf.exec_prefix, pf.exec_path),
+        "exec_line": systemd_unit.exec_line(pf.new_argv, pf.exec_prefix, pf.exec_path),
         "expected_algorithm": pf.playbook_algorithm.upper(), "baseline_algorithm": str(baseline_algo).upper(),
         "backup_dir": "/root/ansible-bench-backup", "health_retries": health_retries,
     }

@@ -49,7 +49,7 @@ class Hop:
 class Reach:
     target: Hop
     jumps: tuple[Hop, ...] = ()                       # outermost first
-    applied: tuple[str, ...] = ()                     # what ssh_config set, e.g. "HostName 10.0.0.5"
+    applied: tuple[str, ...] = ()                     # what ssh_config set, e.g. "HostName gpu-a1.gpu.example"
     kept: tuple[str, ...] = ()                        # what the inventory set over ssh_config
     config: Path | None = None
     notes: tuple[str, ...] = field(default=())

@@ -76,18 +76,18 @@ def _host(tmp_path: Path, config: str, entry: str = "{}", defaults: str = ""):
     return load_inventory(inv).hosts["gpu"]
 
 
-CONFIG = ("Host gpu\n  HostName 10.0.0.5\n  Port 2222\n  User ops\n  ProxyJump admin@bastion:2200,inner\n"
-          "Host inner\n  HostName 10.0.0.9\n")
+CONFIG = ("Host gpu\n  HostName gpu.internal.example\n  Port 2222\n  User ops\n  ProxyJump admin@bastion:2200,inner\n"
+          "Host inner\n  HostName inner.internal.example\n")
 
 
 def test_the_inventorys_own_values_win_and_are_said(tmp_path):
     r = reach(_host(tmp_path, CONFIG))
-    assert (r.target.address, r.target.port, r.target.user) == ("10.0.0.5", 2222, "ops")
-    assert [(j.address, j.port, j.user) for j in r.jumps] == [("bastion", 2200, "admin"), ("10.0.0.9", 22, "ops")]
+    assert (r.target.address, r.target.port, r.target.user) == ("gpu.internal.example", 2222, "ops")
+    assert [(j.address, j.port, j.user) for j in r.jumps] == [("bastion", 2200, "admin"), ("inner.internal.example", 22, "ops")]
     r = reach(_host(tmp_path, CONFIG, "{port: 22, user: root, jump: 'bastion2'}"))
-    assert (r.target.address, r.target.port, r.target.user) == ("10.0.0.5", 22, "root")
+    assert (r.target.address, r.target.port, r.target.user) == ("gpu.internal.example", 22, "root")
     assert [j.address for j in r.jumps] == ["bastion2"] and set(r.kept) == {"port", "user", "jump"}
-    assert r.applied == ("hostname 10.0.0.5",)
+    assert r.applied == ("hostname gpu.internal.example",)
     r = reach(_host(tmp_path, CONFIG, defaults="  user: deploy\n"))       # defaults are the inventory's too
     assert r.target.user == "deploy" and "user" in r.kept
     assert reach(_host(tmp_path, CONFIG, "{address: other}")).target.address == "other"
@@ -95,9 +95,9 @@ def test_the_inventorys_own_values_win_and_are_said(tmp_path):
 
 def test_without_a_config_or_with_none_the_inventory_alone_decides(tmp_path):
     inv = tmp_path / "inv.yaml"
-    inv.write_text("defaults:\n  ssh_config: none\nhosts:\n  gpu: {address: 10.1.1.1, port: 2022}\n")
+    inv.write_text("defaults:\n  ssh_config: none\nhosts:\n  gpu: {address: gpu1.example, port: 2022}\n")
     r = reach(load_inventory(inv).hosts["gpu"])
-    assert (r.target.address, r.target.port, r.target.user, r.jumps, r.config) == ("10.1.1.1", 2022, "root", (), None)
+    assert (r.target.address, r.target.port, r.target.user, r.jumps, r.config) == ("gpu1.example", 2022, "root", (), None)
 
 
 def test_match_exec_and_a_jump_loop_are_one_line_refusals(tmp_path):
