@@ -20,7 +20,7 @@ from fleetspec.model import launch
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.playbook import load_playbook
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote.facts import unitfile
+from fleetspec import systemd_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "sglang-test.service"
@@ -38,18 +38,20 @@ SECRETS = ("adm1n-S3CRET", "pw-S3CRET", "sk-S3CRET")
 
 
 def _secret_preflight(t):
-    from fleetspec.ops import argv as argv_ops
-    from fleetspec.ops.preflight import Preflight
+    from fleetspec.ops.argv import LaunchPlan
+    from fleetspec.ops.options import ResolvedOptions
+    from fleetspec.ops.preflight_result import Preflight
 
-    cmd = unitfile.effective_exec_command(SECRET_UNIT)
+    cmd = systemd_unit.effective_exec_command(SECRET_UNIT)
     form = launch.classify(list(cmd.argv), path=cmd.path, prefix=cmd.flags)
     derived = launch.derive(form, launch.load_table("0.5.23"), ["--speculative-algorithm", "DDTREE"])
     playbook = load_playbook(ROOT / "playbooks" / "ddtree.yaml")
     return Preflight(host=t.host, root=ROOT, playbook=playbook, service=SERVICE, python=sys.executable,
                      unit=None, unit_bytes=SECRET_UNIT.encode(), dropins={}, exec_argv=list(form.argv),
-                     sglang=SimpleNamespace(version="0.5.23"), torch=None, hybrid=False,
-                     options=argv_ops.ResolvedOptions(values={"budget": 64}), new_argv=derived.argv,
-                     patchset=None, kernels=[], form=form)
+                     sglang=SimpleNamespace(version="0.5.23", site_packages="/opt/venv/site-packages", drift=()),
+                     torch=None, hybrid=False, options=ResolvedOptions(values={"budget": 64}), new_argv=derived.argv,
+                     patchset=None, kernels=[], form=form,
+                     launch=LaunchPlan(form=form, derived=derived))
 
 
 def test_secret_options_in_execstart_are_redacted_in_plan_ledger_mirror_and_history(t, tmp_path):
@@ -242,20 +244,18 @@ def _switched_deploy(t, tmp_path, monkeypatch):
 
     from fleetspec.model.layout import HostLayout
     from fleetspec.model.playbook import Smoke
-    from fleetspec.ops import deploy as deploy_mod
     from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
 
     unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
     pf = SimpleNamespace(staged_ahead=None, unit_bytes=unit, dropins={}, redact=lambda text: text,
-                         summary=lambda: {}, baseline=None, playbook=None)
-    monkeypatch.setattr(deploy_mod.preflight_mod, "run", lambda *a, **k: pf)
+                         summary=lambda: {}, baseline=None, playbook=None, gpu_health=None)
 
     def stage(self):
         self.switched = True
         raise StepFailed("probes", "the new engine did not answer")
     monkeypatch.setattr(Deploy, "_stage", stage)
     d = Deploy(t, DeployRequest(host=t.host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path),
-               echo=lambda line: None)
+               pf, echo=lambda line: None)
     d.state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
     d.state.write_baseline(Baseline(service="svc.service", unit_path="/etc/systemd/system/svc.service",
                                     unit_bytes=unit, dropins={}, exec_argv=[], environment={}, sglang={},
@@ -267,7 +267,7 @@ def _switched_deploy(t, tmp_path, monkeypatch):
 def test_a_revert_that_meets_a_malformed_answer_writes_revert_failed(t, raw, tmp_path, monkeypatch, how):
     """The revert's probe error escaped Deploy._revert with a traceback and no "revert failed" line."""
     from fleetspec.model import ledger as L
-    from fleetspec.ops import probes, switching
+    from fleetspec.ops import activation, probes
 
     raw.answer(b"[]")
 
@@ -275,7 +275,7 @@ def test_a_revert_that_meets_a_malformed_answer_writes_revert_failed(t, raw, tmp
         if how == "any other error":
             raise RecursionError("maximum recursion depth exceeded")
         return probes._after_ready(t, probes.ProbeSpec(port=raw.port, expected_algorithm="NONE"), 0.0)
-    monkeypatch.setattr(switching, "revert_to", revert_to)
+    monkeypatch.setattr(activation, "revert_to", revert_to)
     d = _switched_deploy(t, tmp_path, monkeypatch)
     out = d.run()
     assert out.status == "needs_attention" and out.exit_code == 3 and "the revert failed too" in out.reason
@@ -287,15 +287,13 @@ def test_a_host_whose_deploy_raises_anything_is_an_outcome_and_the_abort_still_r
     """deploy_one caught only FleetspecError: any other error ended the whole fleet with a
     traceback, and --rollback-all-on-abort never ran for the hosts already moved."""
     from fleetspec.ops import fleet
-    from fleetspec.ops.deploy import Deploy, DeployOutcome
+    from fleetspec.ops.deploy import DeployOutcome
 
-    def run(self):
-        if self.host.name == "a":
+    def deploy(t, req, **kw):
+        if req.host.name == "a":
             return DeployOutcome("a", "healthy", "R-a-new", previous="baseline")
         raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
-    monkeypatch.setattr(Deploy, "__init__", lambda self, t, req, echo, progress: setattr(self, "host", req.host)
-                        or setattr(self, "switched", False))
-    monkeypatch.setattr(Deploy, "run", run)
+    monkeypatch.setattr(fleet, "deploy", deploy)
     went = {}
     monkeypatch.setattr("fleetspec.ops.rollback.rollback", lambda t, h, root, to, **k: went.setdefault(h.name, to))
     hosts = [SimpleNamespace(name="a"), SimpleNamespace(name="b")]
@@ -314,7 +312,7 @@ def test_an_add_line_whose_site_packages_path_leaves_the_build_is_refused_at_loa
     """`..` in the destination wrote outside the build folder on the controller, and the file was
     silently left out of the patch set."""
     from fleetspec.errors import ConfigError
-    from fleetspec.model.patchset_build import load_recipe
+    from fleetspec.build.patchset import load_recipe
 
     root = tmp_path / "sglang-0.5.23"
     (root / "payload").mkdir(parents=True)
@@ -421,7 +419,7 @@ def test_templates_and_playbook_flags_are_sandboxed(tmp_path):
 
     from fleetspec import render
     from fleetspec.errors import UserError
-    from fleetspec.ops import argv as argv_ops
+    from fleetspec.ops import flags
 
     marker = tmp_path / "PWNED"
     (tmp_path / "templates").mkdir()
@@ -432,7 +430,7 @@ def test_templates_and_playbook_flags_are_sandboxed(tmp_path):
     playbook = SimpleNamespace(path="p.yaml", launch=SimpleNamespace(flags=[SimpleNamespace(
         when=None, tokens=["{{ host.__class__.__mro__[1].__subclasses__() }}"])]))
     with pytest.raises(UserError, match=r"p.yaml: launch.flags\[0\]: bad template: .*unsafe"):
-        argv_ops.render_flags(playbook, {"a": 1}, {})
+        flags.render_flags(playbook, {"a": 1}, {})
     assert not marker.exists()
 
 
