@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from fleetspec import systemd_unit
 from fleetspec.model import launch
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.playbook import load_playbook
 from fleetspec.ops.hoststate import HostState
-from fleetspec import systemd_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "sglang-test.service"
@@ -311,8 +311,8 @@ def test_a_host_whose_deploy_raises_anything_is_an_outcome_and_the_abort_still_r
 def test_an_add_line_whose_site_packages_path_leaves_the_build_is_refused_at_load(tmp_path, dest):
     """`..` in the destination wrote outside the build folder on the controller, and the file was
     silently left out of the patch set."""
-    from fleetspec.errors import ConfigError
     from fleetspec.build.patchset import load_recipe
+    from fleetspec.errors import ConfigError
 
     root = tmp_path / "sglang-0.5.23"
     (root / "payload").mkdir(parents=True)
