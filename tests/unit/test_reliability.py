@@ -104,17 +104,20 @@ def _dead_pid() -> int:
     return p.pid
 
 
-@pytest.mark.parametrize("ours,pid,remote,dead", [
-    (True, None, 123, True),            # this controller's, and its process is gone: stale
-    (True, os.getpid(), 123, False),    # alive here: never stolen
-    (False, None, 123, False),          # another controller (same hostname or not): nobody here can tell
-    (True, None, None, False),          # no remote pid recorded: never guessed
+@pytest.mark.parametrize("ours,pid,remote,dead,boot", [
+    (True, None, 123, True, None),            # this controller's, and its process is gone: stale
+    (True, os.getpid(), 123, False, None),    # alive here: never stolen
+    (False, None, 123, False, None),          # another controller (same hostname or not): nobody here can tell
+    (True, None, None, False, None),          # no remote pid recorded: never guessed
+    (True, None, 123, False, "another-boot"),  # its id, copied to another machine (or before a reboot)
+    (True, None, 123, False, ""),             # recorded without a machine and boot: never guessed
 ])
-def test_a_holder_is_stale_only_when_its_process_is_gone_from_this_controller(ours, pid, remote, dead):
-    from fleetspec.identity import controller_id
+def test_a_holder_is_stale_only_when_its_process_is_gone_from_this_controller(ours, pid, remote, dead, boot):
+    from fleetspec.identity import controller_id, machine_boot
 
     h = Holder(who="u", machine=socket.gethostname(), pid=pid or _dead_pid(), since=0, release="r",
-               remote_pid=remote, controller=controller_id() if ours else "another-controller-id")
+               remote_pid=remote, controller=controller_id() if ours else "another-controller-id",
+               boot=machine_boot() if boot is None else boot)
     assert h.dead_here() is dead
 
 
