@@ -95,10 +95,15 @@ class AcceptanceGate:
 
 @dataclass(frozen=True)
 class ThroughputGate:
+    """Measured at each `concurrency` and at the host's serving concurrency: `serving_concurrency`
+    when given (0: not measured), else the launch's --max-running-requests; at most `max_concurrency`."""
+
     min_ratio: float | None = None
     concurrency: tuple[int, ...] = (1,)
     requests: int = 16
     dry_run: bool = False
+    serving_concurrency: int | None = None
+    max_concurrency: int = 64
 
 
 @dataclass(frozen=True)
@@ -363,6 +368,13 @@ def _positive(f: Fields, name: str, kind: Kind, default: Any) -> Any:
     return value
 
 
+def _count(f: Fields, name: str) -> int | None:
+    value = f.get(name, int, None)
+    if value is not None and value < 0:
+        f.fail(name, f"expected a count of requests (0: not measured), got {value}")
+    return value
+
+
 def _gates(f: Fields) -> Gates:
     def maybe(name: str) -> Fields | None:
         if f.data.get(name) is None:
@@ -383,7 +395,9 @@ def _gates(f: Fields) -> Gates:
                 t.fail(f"concurrency[{i}]", f"expected a positive integer, got {describe(c)}")
         throughput = ThroughputGate(min_ratio=t.get("min_ratio", float, None), concurrency=tuple(conc),
                                     requests=_positive(t, "requests", int, 16),
-                                    dry_run=t.get("dry_run", bool, False))
+                                    dry_run=t.get("dry_run", bool, False),
+                                    serving_concurrency=_count(t, "serving_concurrency"),
+                                    max_concurrency=_positive(t, "max_concurrency", int, 64))
         t.done()
     if (p := maybe("parity")) is not None:
         parity = ParityGate(max_new_tokens=_positive(p, "max_new_tokens", int, 32),
