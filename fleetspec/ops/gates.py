@@ -214,6 +214,18 @@ def _resolved(pf):
     return at_serving(for_host(pf.playbook.gates, pf.host), getattr(getattr(pf, "launch", None), "max_running", None))
 
 
+def plan_note(pf) -> str | None:
+    """The plan's line on the throughput gate's levels: which one is the host's serving concurrency."""
+    if not pf.playbook.gates.throughput:
+        return None
+    g, serving = _resolved(pf)
+    levels = ", ".join(map(str, g.throughput.concurrency))
+    if serving:
+        return f"throughput gate at concurrency {levels} ({serving[0]}: the host's serving concurrency, {serving[1]})"
+    _, why = serving_level(g.throughput, getattr(getattr(pf, "launch", None), "max_running", None))
+    return f"throughput gate at concurrency {levels}; not at the host's serving concurrency ({why})"
+
+
 def needs_baseline(gates) -> bool:
     return bool(gates.throughput or gates.parity or (gates.acceptance and gates.acceptance.vs_baseline_tolerance))
 

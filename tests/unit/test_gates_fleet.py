@@ -80,6 +80,25 @@ def test_throughput_at_the_serving_concurrency_fails_where_only_it_is_slower():
     assert at_serving(Gates(), 16) == (Gates(), None)
 
 
+def test_the_plan_names_the_throughput_gates_levels_and_the_serving_one():
+    from types import SimpleNamespace
+
+    from fleetspec.ops.gates import plan_note
+
+    def pf(gates, running, extra=None):
+        host = SimpleNamespace(name="h", inventory_path="inv.yaml", vars=SimpleNamespace(extra=extra or {}))
+        return SimpleNamespace(playbook=SimpleNamespace(gates=gates), host=host,
+                               launch=SimpleNamespace(max_running=running))
+
+    g = Gates(throughput=ThroughputGate(concurrency=(1, 4)))
+    assert plan_note(pf(g, 16)) == ("throughput gate at concurrency 1, 4, 16 (16: the host's serving concurrency, "
+                                    "--max-running-requests 16)")
+    assert plan_note(pf(g, 16, {"gates": {"throughput": {"serving_concurrency": 0}}})) == \
+        "throughput gate at concurrency 1, 4; not at the host's serving concurrency (serving_concurrency: 0)"
+    assert plan_note(pf(g, None)).endswith("(no --max-running-requests in the launch and no serving_concurrency)")
+    assert plan_note(pf(Gates(), 16)) is None
+
+
 def test_parity_reports_the_first_differing_token():
     g = Gates(parity=ParityGate())
     assert verdicts(g, m(outputs=OUT), m(outputs=OUT))["parity"].verdict == PASS
