@@ -165,12 +165,14 @@ def test_a_graph_rescaled_below_the_serving_concurrency_fails_the_throughput_gat
         tput = out["evidence"]["figures"]["throughput"]
         assert r.returncode == 1 and out["status"] == "rolled_back" and out["failed_step"] == "gates", out
         assert "at concurrency 4 (the host's serving concurrency" in out["reason"], out
+        print(f"stand-in figures, graph rescaled to 1: {tput}")
         assert tput["ratio_c4"] < 0.7 <= tput["ratio_c1"] and tput["serving_concurrency"] == 4, tput
         s = json.loads(labtools.fs(lab_fleet, "status", host, "--json").stdout.strip().splitlines()[-1])
         assert s["algo"] == "NEXTN", s
         r = R.fs(roots["keep"], *args, "--yes", "--json")
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert r.returncode == 0 and out["status"] == "healthy", (r.stdout[-3000:], r.stderr[-3000:])
+        print(f"stand-in figures, graph kept: {out['figures']['throughput']}")
         assert out["figures"]["throughput"]["ratio_c4"] >= 0.7, out["figures"]
     finally:
         labtools.fs(lab_fleet, "lab", "fault", host, "--clear")
