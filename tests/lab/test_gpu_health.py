@@ -133,7 +133,7 @@ def test_a_graph_rescaled_below_the_serving_concurrency_fails_the_throughput_gat
     down to 1 (the plan says the 160 is the fallback). The stand-in runs a step with more requests
     than its graph holds 3x slower: the gate passes at concurrency 1 and fails at the serving
     concurrency (capped at 4 here: the 2-core machine), and the deploy reverts; the same deploy
-    with `cuda_graph: keep` passes. slow_tokens=3 on both sides paces the stand-in well above its
+    with `cuda_graph: keep` passes. slow_tokens=6 on both sides (0.06 s steps) paces the stand-in well above its
     CPU work (~6 ms a DDTree step here), so concurrency 4 measures the graphs, not the cores."""
     import yaml
 
@@ -158,7 +158,7 @@ def test_a_graph_rescaled_below_the_serving_concurrency_fails_the_throughput_gat
     assert "--cuda-graph-max-bs 160 -> 1 (1 x 321 = 321 <= 640)" in said, said[-3000:]
     assert ("throughput gate at concurrency 1, 4 (4: the host's serving concurrency, --max-running-requests 16, "
             "capped at max_concurrency 4)") in said, said[-3000:]
-    labtools.fs(lab_fleet, "lab", "fault", host, "slow_tokens=3", check_rc=0)
+    labtools.fs(lab_fleet, "lab", "fault", host, "slow_tokens=6", check_rc=0)
     try:
         r = R.fs(roots["rescale"], *args, "--yes", "--json")
         out = json.loads(r.stdout.strip().splitlines()[-1])
