@@ -67,6 +67,7 @@ class Deploy:
         self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
+        self.router = None                       # ops.drain.HostDrain, when the host joins a router
         self.work: dict[str, Callable[[], dict | None]] = {
             "preflight": self._record_preflight, "baseline": self._baseline, "stage": self._stage,
             "render": self._render, "measure": self._measure_before, "smoke": self._smoke, "switch": self._switch,
@@ -83,26 +84,70 @@ class Deploy:
                         **self.state.lock_reads) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
-            *proving, last = steps.order(self.req.playbook.smoke.when)
             try:
-                try:
-                    for name in proving:
-                        self.step(name, self.work[name])
-                except StepFailed as failure:
-                    self._close_watch()
-                    if not self.switched:
-                        self._stop_smoke()
-                        self._mark(L.FAILED, step=failure.step, reason=failure.reason)
-                        if failure.command:
-                            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                                 command=failure.command)
-                        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
-                    return self._revert(failure)
-                self.step(last, self.work[last])      # commit
-                planning.prune_and_unlock(self.t, self.state, lock, self.prune_old, note=self.echo)
-            except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
-                return self._lost(err)
+                return self._routed(self._locked)
+            finally:
+                self._router_last_word()
+
+    def _locked(self) -> DeployOutcome:
+        *proving, last = steps.order(self.req.playbook.smoke.when)
+        try:
+            try:
+                for name in proving:
+                    if name == "switch":
+                        self._take_out()
+                    self.step(name, self.work[name])
+            except StepFailed as failure:
+                self._close_watch()
+                if not self.switched:
+                    self._stop_smoke()
+                    self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+                    if failure.command:
+                        return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
+                                             command=failure.command)
+                    return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
+                return self._revert(failure)
+            self.step(last, self.work[last])      # commit
+            planning.prune_and_unlock(self.t, self.state, self.lock, self.prune_old, note=self.echo)
+        except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
+            return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
+
+    # The router (ops/drain.py) ----------------------------------------------------------------
+    def _routed(self, body: Callable[[], DeployOutcome]) -> DeployOutcome:
+        """A removal a cut-off command left goes back first; the worker leaves the router just
+        before the switch and goes back once the host is healthy again (on the release, or
+        reverted and proved): a rolled-back or healthy outcome waits for the router to list it."""
+        seat = self.req.seat
+        if seat is None:
+            return body()
+        from fleetspec.ops import drain
+
+        self.router = drain.HostDrain(seat, self.state.record, drain.engine_in_flight(self.t, self.host),
+                                      self.echo, self.host.name)
+        self.router.restore_pending(self.lock.read_text or "")
+        out = body()
+        if out.status in (Outcome.HEALTHY, Outcome.ROLLED_BACK) and self.router.out:
+            try:
+                self.router.put_back(healthy=True)
+            except FleetspecError as err:
+                out.status, out.exit_code = Outcome.NEEDS_ATTENTION, 3
+                out.reason = f"{out.reason + '; ' if out.reason else ''}its router did not list it healthy again: {err}"
+                out.evidence["command"] = f"fleetspec status {self.host.name}"
+        out.router = self.router.summary()
+        return out
+
+    def _take_out(self) -> None:
+        if self.router is None:
+            return
+        try:
+            self.router.take_out()
+        except FleetspecError as err:
+            raise StepFailed("switch", f"router {self.router.seat.spec.name}: could not take the worker out: {err}") from err
+
+    def _router_last_word(self) -> None:
+        if self.router is not None:
+            self.router.ensure_back()
 
     @property
     def staged(self) -> Release:

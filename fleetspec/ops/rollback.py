@@ -42,7 +42,11 @@ class RollbackOutcome:
         return dict(self.__dict__)
 
 
-def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
+def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None,
+             seat=None) -> RollbackOutcome:
+    """`seat` (ops.drain.Seat): the host's router; a removal a cut-off command left goes back
+    first, and the worker is out of the router while its engine restarts (unless that would
+    leave fewer than min_serving workers: a rollback is not refused for that)."""
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host.name, host.vars.service))
     target = to or BASELINE
@@ -70,13 +74,21 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             last = ledger.last_step(rid)
             echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
-        state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
-        switch_started = time.monotonic()
-        switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
-        result = activation.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
-                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
-                                     also=switched)
-        progress(None)
+        router = _router(t, host, seat, state, lock, echo)
+        try:
+            state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target,
+                                      interrupted=interrupted))
+            switch_started = time.monotonic()
+            switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
+            result = activation.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
+                                         progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
+                                         also=switched)
+            progress(None)
+            if result.ok and router is not None:
+                router.put_back(healthy=True)
+        finally:
+            if router is not None:
+                router.ensure_back()
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", L.StepState.FAILED, reason=result.reason))
             journal = systemd.journal_tail(t, host.vars.service, 10)
@@ -94,6 +106,30 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
     return RollbackOutcome(host.name, Outcome.ROLLED_BACK, target, left, interrupted,
                            round(time.monotonic() - started, 2), round(result.waited_s, 2),
                            engine_wait_s_note(switch_started, result))
+
+
+def _router(t, host, seat, state: HostState, lock, echo):
+    """The host's HostDrain with its worker out (None without a router)."""
+    if seat is None:
+        return None
+    from fleetspec.errors import FleetspecError
+    from fleetspec.ops import drain
+
+    router = drain.HostDrain(seat, state.record, drain.engine_in_flight(t, host), echo, host.name)
+    router.restore_pending(lock.read_text or "")
+    try:
+        drain.check_min_serving(seat.spec, router.client, [seat.worker])
+    except UserError as err:
+        echo(f"[{host.name}] stays in the router while it restarts: {err}")
+        return router
+    except FleetspecError as err:
+        echo(f"[{host.name}] router {seat.spec.name} not reachable, the restart goes on without it: {err}")
+        return None
+    try:
+        router.take_out()
+    except FleetspecError as err:
+        echo(f"[{host.name}] could not take it out of router {seat.spec.name}, the restart goes on: {err}")
+    return router
 
 
 def engine_wait_s_note(switch_started: float, result) -> str:

@@ -56,6 +56,7 @@ class HostStatus:
     ready_timeout: float | None = None
     notes: list[str] = field(default_factory=list)
     container: dict[str, Any] | None = None   # a docker/podman run unit: runtime, image, digest, state, restarts
+    drained: dict[str, Any] | None = None     # {router, worker}: out of its router (ops/drain.py)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -174,6 +175,10 @@ def _fill_state(row: HostStatus, state, host: Host):
     elif state is not None and state.prestaged:
         row.notes.append(f"release {state.prestaged} is prestaged, not switched (host unchanged): this host's "
                          "deploy in the rollout uses it; if the rollout stopped, its next deploy marks it failed")
+    if state is not None and state.drained:
+        row.drained = state.drained
+        row.notes.append(f"drained: {state.drained.get('worker')} is out of router {state.drained.get('router')}"
+                         + ("" if state.locked else f"; the next deploy or rollback of {host.name} puts it back"))
     if lock_note:
         row.notes.append(lock_note)
     if row.drift is None:
