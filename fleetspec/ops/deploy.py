@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
@@ -67,7 +67,7 @@ class Deploy:
         self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
-        self.router = None                       # ops.drain.HostDrain, when the host joins a router
+        self.router: Any = None                  # ops.drain.HostDrain, when the host joins a router
         self.work: dict[str, Callable[[], dict | None]] = {
             "preflight": self._record_preflight, "baseline": self._baseline, "stage": self._stage,
             "render": self._render, "measure": self._measure_before, "smoke": self._smoke, "switch": self._switch,
