@@ -312,3 +312,28 @@ def test_rendered_dropin_gives_the_engine_time_to_drain_on_sigterm():
     no_length = [w for w in d.argv if w not in ("--context-length", "32768")]
     pf2, release2 = _preflight(f, no_length, {})
     assert "TimeoutStopSec=600\n" in dropin_text(pf2, release2)
+
+
+def test_a_playbook_with_a_bake_adds_enable_metrics_where_the_baseline_lacks_it():
+    """The bake reads the engine's own /metrics: --enable-metrics joins the new launch (and the
+    plan says so), once, in both sglang versions' real parser tables."""
+    import dataclasses
+    from pathlib import Path
+
+    from fleetspec.model.bake import BakeSpec
+
+    playbook = dataclasses.replace(load_playbook(Path(__file__).parents[2] / "playbooks" / "ddtree.yaml"),
+                                   bake=BakeSpec())
+    for version in ("0.5.13.post1", "0.5.23"):
+        table = launch.load_table(version)
+        plan = argv_ops.plan_launch(form(f"{PY} -m sglang.launch_server --model-path m"), table, Flags(FLAGS),
+                                    playbook, version, {}, "h: s")
+        assert plan.derived.argv.count("--enable-metrics") == 1 and "--enable-metrics" in plan.to_dict()["added"]
+        assert any("--enable-metrics added" in n for n in plan.notes)
+        kept = argv_ops.plan_launch(form(f"{PY} -m sglang.launch_server --model-path m --enable-metrics"), table,
+                                    Flags(FLAGS), playbook, version, {}, "h: s")
+        assert kept.derived.argv.count("--enable-metrics") == 1 and not any("--enable-metrics" in n
+                                                                              for n in kept.notes)
+    plain = argv_ops.plan_launch(form(f"{PY} -m sglang.launch_server --model-path m"), T23, Flags(FLAGS),
+                                 dataclasses.replace(playbook, bake=None), "0.5.23", {}, "h: s")
+    assert "--enable-metrics" not in plain.derived.argv
