@@ -68,6 +68,7 @@ class Deploy:
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
         self.router: Any = None                  # ops.drain.HostDrain, when the host joins a router
+        self.bake_scrapes: list[str | None] = []  # the baseline's /metrics at the lock and before the switch
         self.work: dict[str, Callable[[], dict | None]] = {
             "preflight": self._record_preflight, "baseline": self._baseline, "stage": self._stage,
             "render": self._render, "measure": self._measure_before, "smoke": self._smoke, "switch": self._switch,
@@ -91,10 +92,12 @@ class Deploy:
 
     def _locked(self) -> DeployOutcome:
         *proving, last = steps.order(self.req.playbook.smoke.when)
+        self._bake_scrape()
         try:
             try:
                 for name in proving:
                     if name == "switch":
+                        self._bake_scrape()
                         self._take_out()
                     self.step(name, self.work[name])
             except StepFailed as failure:
@@ -108,6 +111,12 @@ class Deploy:
                     return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                 return self._revert(failure)
             self.step(last, self.work[last])      # commit
+            if self.req.playbook.bake is not None:
+                try:
+                    self.step("bake", self._bake)
+                except StepFailed as failure:
+                    self._take_out(quiet=True)
+                    return self._revert(failure)
             planning.prune_and_unlock(self.t, self.state, self.lock, self.prune_old, note=self.echo)
         except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
             return self._lost(err)
@@ -137,13 +146,51 @@ class Deploy:
         out.router = self.router.summary()
         return out
 
-    def _take_out(self) -> None:
+    def _take_out(self, quiet: bool = False) -> None:
+        """Out of the router before the switch (a failure there fails the deploy before any
+        change), or before a failed bake's revert (`quiet`: the revert goes on regardless)."""
         if self.router is None:
             return
         try:
             self.router.take_out()
         except FleetspecError as err:
+            if quiet:
+                self.echo(f"[{self.host.name}] could not take it out of its router before the revert: {err}")
+                return
             raise StepFailed("switch", f"router {self.router.seat.spec.name}: could not take the worker out: {err}") from err
+
+    # The bake (ops/bake.py) -------------------------------------------------------------------
+    def _bake_scrape(self) -> None:
+        """The baseline's /metrics, at the lock and just before the switch: its figures between."""
+        if self.req.playbook.bake is None:
+            return
+        from fleetspec.ops import bake
+
+        self.bake_scrapes.append(bake.scraper(self.t, self.host)())
+
+    def _bake(self) -> dict:
+        """Watch the committed release, back in its router and serving, against the baseline's figures."""
+        from fleetspec.ops import bake
+
+        spec = self.req.playbook.bake
+        assert spec is not None
+        self.state.flush()           # its "started" line now: `status` shows the host baking
+        if self.router is not None and self.router.out:
+            try:
+                self.router.put_back(healthy=True)
+            except FleetspecError as err:
+                raise StepFailed("bake", f"its router did not list it healthy again: {err}") from err
+        scrapes = self.bake_scrapes + [None, None]
+        base = bake.baseline_figures(scrapes[0], scrapes[1])
+        verdict = bake.watch(spec, base, bake.scraper(self.t, self.host), note=self._progress)
+        self._progress(None)
+        figures = {"outcome": verdict.outcome, "reasons": list(verdict.reasons),
+                   **{f"release_{k}": v for k, v in verdict.release.items()},
+                   **{f"baseline_{k}": v for k, v in verdict.baseline.items() if k in ("accept_length", "p99_s")}}
+        self.figures = {**getattr(self, "figures", {}), "bake": figures}
+        if not verdict.ok:
+            raise StepFailed("bake", f"{verdict.outcome}: " + "; ".join(verdict.reasons), {"figures": {"bake": figures}})
+        return {"figures": {"bake": figures}}
 
     def _router_last_word(self) -> None:
         if self.router is not None:

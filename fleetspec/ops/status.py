@@ -175,6 +175,10 @@ def _fill_state(row: HostStatus, state, host: Host):
     elif state is not None and state.prestaged:
         row.notes.append(f"release {state.prestaged} is prestaged, not switched (host unchanged): this host's "
                          "deploy in the rollout uses it; if the rollout stopped, its next deploy marks it failed")
+    last = (state.last_entry or {}) if state is not None else {}
+    if state is not None and state.locked and last.get("name") == "bake" and last.get("state") == "started":
+        row.notes.append(f"baking: release {last.get('release')} is watched on the engine's metrics "
+                         "(a regression reverts it)")
     if state is not None and state.drained:
         row.drained = state.drained
         row.notes.append(f"drained: {state.drained.get('worker')} is out of router {state.drained.get('router')}"

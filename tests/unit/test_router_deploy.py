@@ -7,6 +7,7 @@ the deploy's own steps are stood in for (the lab drives them for real)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from pathlib import PurePosixPath
@@ -16,12 +17,13 @@ import pytest
 
 from fleetspec.errors import UserError
 from fleetspec.model import ledger as L
+from fleetspec.model.bake import BakeSpec
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import Smoke
 from fleetspec.model.router import RouterSpec
-from fleetspec.ops import activation, drain, fleet, gpu_checks, probes
+from fleetspec.ops import activation, drain, fleet, gpu_checks, history, probes
 from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
 from fleetspec.remote.facts import release_state
 from fleetspec.remote.transport import Transport
@@ -68,13 +70,14 @@ def _seat(client, url: str, **kw) -> drain.Seat:
     return drain.Seat(spec, url, {"front": spec})
 
 
-def _deploy(link, tmp_path, engine, seat, monkeypatch, *, probes_ok: bool = True, seen: dict | None = None):
+def _deploy(link, tmp_path, engine, seat, monkeypatch, *, probes_ok: bool = True, seen: dict | None = None,
+            bake=None, release_faults: dict | None = None):
     """A Deploy on the loopback host whose engine is `engine`; switch and restart restart it."""
     host = dataclasses.replace(link.host, vars=dataclasses.replace(link.host.vars, api_port=engine.port))
     pf = SimpleNamespace(staged_ahead=None, unit_bytes=UNIT, dropins={}, redact=lambda text: text,
                          summary=lambda: {}, baseline=None, playbook=None, gpu_health=None)
-    d = Deploy(link, DeployRequest(host=host, playbook=SimpleNamespace(algo="ddtree", smoke=Smoke()), root=tmp_path,
-                                   seat=seat), pf, echo=lambda line: None)
+    playbook = SimpleNamespace(algo="ddtree", smoke=Smoke(), bake=bake)
+    d = Deploy(link, DeployRequest(host=host, playbook=playbook, root=tmp_path, seat=seat), pf, echo=lambda line: None)
     d.state.layout = HostLayout("svc.service", root=PurePosixPath(str(tmp_path / "state")))
     client = drain.client_for(seat.spec)
     seen = seen if seen is not None else {}
@@ -86,6 +89,8 @@ def _deploy(link, tmp_path, engine, seat, monkeypatch, *, probes_ok: bool = True
 
     def restart():
         engine.stop()
+        if release_faults:
+            (engine.etc / "faults.json").write_text(json.dumps(release_faults))
         engine.start()
         return {}
 
@@ -106,7 +111,9 @@ def _deploy(link, tmp_path, engine, seat, monkeypatch, *, probes_ok: bool = True
 
     def revert_to(*a, **k):
         seen["listed_at_revert"] = client.find(seat.worker) is not None
-        restart()
+        engine.stop()
+        (engine.etc / "faults.json").unlink(missing_ok=True)
+        engine.start()
         return probes.ProbeResult(True, "generate")
 
     monkeypatch.setattr(activation, "revert_to", revert_to)
@@ -186,3 +193,42 @@ def test_a_rollout_that_would_leave_too_few_workers_is_refused_before_anything_c
         fleet.deploy_fleet(hosts, None, connect=lambda h: None, root=tmp_path, options={}, strategy=strategy,
                            echo=lambda line: None, seats=seats)
     assert {w.url for w in client.workers()} == {a.url, b.url}
+
+
+BAKE = BakeSpec(duration=6.0, interval=0.5, max_error_rate=0.05, min_accept_ratio=0.9, max_p99_ratio=None,
+                min_requests=5)
+
+
+def test_a_release_that_bakes_well_stays_and_its_figures_are_in_the_outcome_and_history(
+        link, tmp_path, engines, router, monkeypatch):  # noqa: F811
+    a, b = engines(step_seconds=0.01), engines(step_seconds=0.01)
+    client = router(a.url, b.url)
+    d = _deploy(link, tmp_path, a, _seat(client, a.url), monkeypatch, bake=BAKE)
+    with Load(client.base):
+        out = d.run()
+    assert out.status == "healthy", out.reason
+    bake = out.figures["bake"]
+    assert bake["outcome"] == "pass" and bake["release_requests"] >= 5 and bake["release_error_rate"] == 0
+    assert bake["release_accept_length"] == bake["baseline_accept_length"] == 2.0
+    rel = history.releases(_ledger(link, tmp_path))[-1]
+    assert any(line.startswith("bake pass:") for line in history.headline(rel.figures))
+    assert {w.url for w in client.workers() if w.healthy} == {a.url, b.url}
+
+
+def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_and_reverted(
+        link, tmp_path, engines, router, monkeypatch):  # noqa: F811
+    """The release fails every request after its 10th (the lab engine's fault): the bake sees the
+    aborted requests on the engine's own /metrics, the host is reverted and back in the router."""
+    a, b = engines(step_seconds=0.01), engines(step_seconds=0.01)
+    client = router(a.url, b.url)
+    d = _deploy(link, tmp_path, a, _seat(client, a.url), monkeypatch, bake=BAKE,
+                release_faults={"fail_requests_after": 10})
+    with Load(client.base):
+        out = d.run()
+    assert out.status == "rolled_back" and out.failed_step == "bake" and out.exit_code == 1, out.reason
+    assert "max_error_rate" in out.reason and out.figures["bake"]["outcome"] == "fail"
+    assert {w.url for w in client.workers() if w.healthy} == {a.url, b.url}
+    assert not (a.etc / "faults.json").exists(), "the revert did not run"
+    parsed = _ledger(link, tmp_path)
+    assert parsed.drained() is None
+    assert parsed.releases()[d.release_id] == "rolled_back"
