@@ -175,14 +175,8 @@ def _fill_state(row: HostStatus, state, host: Host):
     elif state is not None and state.prestaged:
         row.notes.append(f"release {state.prestaged} is prestaged, not switched (host unchanged): this host's "
                          "deploy in the rollout uses it; if the rollout stopped, its next deploy marks it failed")
-    last = (state.last_entry or {}) if state is not None else {}
-    if state is not None and state.locked and last.get("name") == "bake" and last.get("state") == "started":
-        row.notes.append(f"baking: release {last.get('release')} is watched on the engine's metrics "
-                         "(a regression reverts it)")
-    if state is not None and state.drained:
-        row.drained = state.drained
-        row.notes.append(f"drained: {state.drained.get('worker')} is out of router {state.drained.get('router')}"
-                         + ("" if state.locked else f"; the next deploy or rollback of {host.name} puts it back"))
+    if state is not None:
+        _fill_router(row, state, host)
     if lock_note:
         row.notes.append(lock_note)
     if row.drift is None:
@@ -192,6 +186,18 @@ def _fill_state(row: HostStatus, state, host: Host):
         else:
             row.drift = f"{n} files differ" if n else "pristine"
     return state
+
+
+def _fill_router(row: HostStatus, state, host: Host) -> None:
+    """A host baking (a deploy watching its release now) or drained (out of its router)."""
+    last = state.last_entry or {}
+    if state.locked and last.get("name") == "bake" and last.get("state") == "started":
+        row.notes.append(f"baking: release {last.get('release')} is watched on the engine's metrics "
+                         "(a regression reverts it)")
+    if state.drained:
+        row.drained = state.drained
+        row.notes.append(f"drained: {state.drained.get('worker')} is out of router {state.drained.get('router')}"
+                         + ("" if state.locked else f"; the next deploy or rollback of {host.name} puts it back"))
 
 
 def _fill_unit_drift(row: HostStatus, t: TransportLike, host: Host, files) -> None:
