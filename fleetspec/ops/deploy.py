@@ -16,10 +16,12 @@ from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE, Release, new_release_id
-from fleetspec.ops import activation, gpu_checks, planning, probes, rendering, smoke_run, staging, steps
+from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging, steps
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.container_plan import ContainerPlanned
+from fleetspec.ops.deploy_failure import FailurePath
+from fleetspec.ops.deploy_router import RouterSteps
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
 from fleetspec.ops.preflight_checks import check_interrupted
@@ -44,7 +46,7 @@ def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = p
     return Deploy(t, req, pf, echo, progress).run()
 
 
-class Deploy:
+class Deploy(RouterSteps, FailurePath):
     def __init__(self, t: TransportLike, req: DeployRequest, pf: Preflight, echo: Callable[[str], None] = print,
                  progress: Callable[[str | None], None] = lambda line: None):
         self.t, self.req, self.pf = t, req, pf
@@ -68,6 +70,7 @@ class Deploy:
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
         self.router: Any = None                  # ops.drain.HostDrain, when the host joins a router
+        self.bake_spec = getattr(req.playbook, "bake", None)     # the playbook's bake: (model/bake.py)
         self.bake_scrapes: list[str | None] = []  # the baseline's /metrics at the lock and before the switch
         self.work: dict[str, Callable[[], dict | None]] = {
             "preflight": self._record_preflight, "baseline": self._baseline, "stage": self._stage,
@@ -111,7 +114,7 @@ class Deploy:
                     return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
                 return self._revert(failure)
             self.step(last, self.work[last])      # commit
-            if self.req.playbook.bake is not None:
+            if self.bake_spec is not None:
                 try:
                     self.step("bake", self._bake)
                 except StepFailed as failure:
@@ -121,80 +124,6 @@ class Deploy:
         except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
             return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
-
-    # The router (ops/drain.py) ----------------------------------------------------------------
-    def _routed(self, body: Callable[[], DeployOutcome]) -> DeployOutcome:
-        """A removal a cut-off command left goes back first; the worker leaves the router just
-        before the switch and goes back once the host is healthy again (on the release, or
-        reverted and proved): a rolled-back or healthy outcome waits for the router to list it."""
-        seat = self.req.seat
-        if seat is None:
-            return body()
-        from fleetspec.ops import drain
-
-        self.router = drain.HostDrain(seat, self.state.record, drain.engine_in_flight(self.t, self.host),
-                                      self.echo, self.host.name)
-        self.router.restore_pending(self.lock.read_text or "")
-        out = body()
-        if out.status in (Outcome.HEALTHY, Outcome.ROLLED_BACK) and self.router.out:
-            try:
-                self.router.put_back(healthy=True)
-            except FleetspecError as err:
-                out.status, out.exit_code = Outcome.NEEDS_ATTENTION, 3
-                out.reason = f"{out.reason + '; ' if out.reason else ''}its router did not list it healthy again: {err}"
-                out.evidence["command"] = f"fleetspec status {self.host.name}"
-        out.router = self.router.summary()
-        return out
-
-    def _take_out(self, quiet: bool = False) -> None:
-        """Out of the router before the switch (a failure there fails the deploy before any
-        change), or before a failed bake's revert (`quiet`: the revert goes on regardless)."""
-        if self.router is None:
-            return
-        try:
-            self.router.take_out()
-        except FleetspecError as err:
-            if quiet:
-                self.echo(f"[{self.host.name}] could not take it out of its router before the revert: {err}")
-                return
-            raise StepFailed("switch", f"router {self.router.seat.spec.name}: could not take the worker out: {err}") from err
-
-    # The bake (ops/bake.py) -------------------------------------------------------------------
-    def _bake_scrape(self) -> None:
-        """The baseline's /metrics, at the lock and just before the switch: its figures between."""
-        if self.req.playbook.bake is None:
-            return
-        from fleetspec.ops import bake
-
-        self.bake_scrapes.append(bake.scraper(self.t, self.host)())
-
-    def _bake(self) -> dict:
-        """Watch the committed release, back in its router and serving, against the baseline's figures."""
-        from fleetspec.ops import bake
-
-        spec = self.req.playbook.bake
-        assert spec is not None
-        self.state.flush()           # its "started" line now: `status` shows the host baking
-        if self.router is not None and self.router.out:
-            try:
-                self.router.put_back(healthy=True)
-            except FleetspecError as err:
-                raise StepFailed("bake", f"its router did not list it healthy again: {err}") from err
-        scrapes = self.bake_scrapes + [None, None]
-        base = bake.baseline_figures(scrapes[0], scrapes[1])
-        verdict = bake.watch(spec, base, bake.scraper(self.t, self.host), note=self._progress)
-        self._progress(None)
-        figures = {"outcome": verdict.outcome, "reasons": list(verdict.reasons),
-                   **{f"release_{k}": v for k, v in verdict.release.items()},
-                   **{f"baseline_{k}": v for k, v in verdict.baseline.items() if k in ("accept_length", "p99_s")}}
-        self.figures = {**getattr(self, "figures", {}), "bake": figures}
-        if not verdict.ok:
-            raise StepFailed("bake", f"{verdict.outcome}: " + "; ".join(verdict.reasons), {"figures": {"bake": figures}})
-        return {"figures": {"bake": figures}}
-
-    def _router_last_word(self) -> None:
-        if self.router is not None:
-            self.router.ensure_back()
 
     @property
     def staged(self) -> Release:
@@ -401,72 +330,6 @@ class Deploy:
         self.prune_old = planning.to_prune(self.state, self.lock.read_text, self.release_id,
                                            self.pf.keep_releases if self.req.prune else 0, protect=[self.previous])
         return {"prune": self.prune_old}     # each one's PRUNED line follows its removal
-
-    # Failure path -----------------------------------------------------------------------------
-    def _revert(self, failure: StepFailed) -> DeployOutcome:
-        """Put the previous good state back, prove it healthy, and say what failed and why; a GPU
-        fault that appeared since the restart is named, and leaves the host needing attention."""
-        gpu = gpu_checks.cause_since(self.t, self.host, self.pf.gpu_health) if self.switched else []
-        if gpu:
-            failure = StepFailed(failure.step, f"{failure.reason}; on the GPUs since the restart: {'; '.join(gpu)}",
-                                 failure.evidence, failure.command)
-        self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
-        self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
-        self.state.defer(L.Entry.status(self.release_id, L.FAILED, step=failure.step, reason=failure.reason))
-        began = time.monotonic()   # the FAILED line travels with "revert started", before any change
-        try:
-            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
-                                           to=self.previous or BASELINE))
-            if self.pf.baseline is None:          # the switch comes after the baseline step
-                raise FleetspecError(f"{self.host.name}: no baseline to revert to")
-            result = activation.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
-                                         self.previous, progress=self._progress, also=[self.release_id])
-            self._progress(None)
-        except FleetspecError as err:
-            result = probes.ProbeResult(False, "revert", str(err))
-        self.step_seconds["revert"] = round(time.monotonic() - began, 3)
-        self.revert_wait = result.waited_s
-        if not result.ok:
-            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.FAILED, reason=result.reason))
-            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                 reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
-                                 command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
-                                         f"{self.state.layout.release(self.release_id)}/rollback.sh)")
-        self.state.defer(L.Entry.step(self.release_id, "revert", L.StepState.OK))
-        self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
-        if gpu:       # back on the previous state, but on the GPU that just failed: not fine
-            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                 reason=f"{failure.step}: {failure.reason}; reverted to {self.previous or BASELINE}, "
-                                        f"which runs on the same GPUs",
-                                 command=f"ssh {self.host.address} nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER")
-        return self._outcome(Outcome.ROLLED_BACK, failure=failure, exit_code=1)
-
-    def _lost(self, err: FleetspecError) -> DeployOutcome:
-        """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
-        After the switch it may run an unproven release: exit 3 with the command that finishes it."""
-        where = err.charged_step or self.current_step
-        if isinstance(err, LockLost):
-            # Someone else may act on the host now: no revert, no ledger line, nothing more from us.
-            self.echo(f"[{self.host.name}] {err}")
-            failure = StepFailed(where, str(err))
-            if self.switched:
-                return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                     reason=f"{where}: {err}; the host may run {self.release_id} unproven",
-                                     command=f"fleetspec status {self.host.name}  (then, once the lock is free: "
-                                             f"fleetspec rollback {self.host.name})")
-            return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
-                                 reason=f"{where}: {err}; what the service runs was not changed")
-        self.echo(f"[{self.host.name}] lost the host during {where}: {err}")
-        failure = StepFailed(where, f"lost the host: {err}")
-        if self.switched:
-            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                 reason=f"{where}: lost the host after the switch to {self.release_id}; it may run "
-                                        f"that release unproven: {err}",
-                                 command=f"fleetspec rollback {self.host.name}  (once it answers; or on the host: "
-                                         f"sh {self.state.layout.release(self.release_id)}/rollback.sh)")
-        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
-                             reason=f"{where}: lost the host before the switch; what it runs was not changed: {err}",
-                             command=f"fleetspec status {self.host.name}  (once it answers)")
 
     # Output -----------------------------------------------------------------------------------
     def _progress(self, line: str | None) -> None:

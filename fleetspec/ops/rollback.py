@@ -75,20 +75,13 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
         router = _router(t, host, seat, state, lock, echo)
-        try:
-            state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target,
-                                      interrupted=interrupted))
-            switch_started = time.monotonic()
-            switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
-            result = activation.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
-                                         progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
-                                         also=switched)
-            progress(None)
-            if result.ok and router is not None:
-                router.put_back(healthy=True)
-        finally:
-            if router is not None:
-                router.ensure_back()
+        state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
+        switch_started = time.monotonic()
+        switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
+        result = _routed(router, lambda: activation.revert_to(
+            t, state, host, root, baseline, None if target == BASELINE else target, also=switched,
+            progress=lambda line: progress(f"[{host.name}] {line}" if line else None)))
+        progress(None)
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", L.StepState.FAILED, reason=result.reason))
             journal = systemd.journal_tail(t, host.vars.service, 10)
@@ -106,6 +99,19 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
     return RollbackOutcome(host.name, Outcome.ROLLED_BACK, target, left, interrupted,
                            round(time.monotonic() - started, 2), round(result.waited_s, 2),
                            engine_wait_s_note(switch_started, result))
+
+
+def _routed(router, revert):
+    """The revert while the worker is out of its router: back in once healthy, and back in
+    (listed, whatever its health) when anything went wrong."""
+    try:
+        result = revert()
+        if result.ok and router is not None:
+            router.put_back(healthy=True)
+        return result
+    finally:
+        if router is not None:
+            router.ensure_back()
 
 
 def _router(t, host, seat, state: HostState, lock, echo):
