@@ -89,3 +89,23 @@ def test_a_killed_fleetspec_leaves_its_worker_drained_and_the_next_command_puts_
     assert routed.router.all_healthy()
     [row] = json_rows(run(routed, "status", host, "--json").stdout)
     assert row["drained"] is None, row
+
+
+def test_a_failed_canary_under_load_is_reverted_and_back_with_no_failed_request(routed):
+    """The canary's new release crashes at start (the fault bites only DDTREE): the host is
+    reverted to its baseline, proved healthy and back in the router; the rollout stops there."""
+    canary, other = routed.hosts[2], routed.hosts[0]
+    fs(routed.fleet, "lab", "fault", canary, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
+    try:
+        with Load(routed.router.url, clients=4, seconds=120, max_new_tokens=8) as load:
+            load.wait_for(20)
+            out = run(routed, "deploy", canary, other, "--algo", "ddtree", "--canary", "1", "--max-fail", "0",
+                      "--yes", "--no-gates", "--json", timeout=150)
+    finally:
+        fs(routed.fleet, "lab", "fault", canary, "--clear", check_rc=0)
+    rows = {r["host"]: r for r in json_rows(out.stdout)}
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert rows[canary]["status"] == "rolled_back" and rows[canary]["router"]["out_s"] > 0, rows
+    assert rows[other]["status"] == "skipped", rows
+    assert summary(load.answers)["failed"] == 0, summary(load.answers)
+    assert routed.router.all_healthy()
