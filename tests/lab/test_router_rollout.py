@@ -94,7 +94,8 @@ def test_a_killed_fleetspec_leaves_its_worker_drained_and_the_next_command_puts_
 def test_a_failed_canary_under_load_is_reverted_and_back_with_no_failed_request(routed):
     """The canary's new release crashes at start (the fault bites only DDTREE): the host is
     reverted to its baseline, proved healthy and back in the router; the rollout stops there."""
-    canary, other = routed.hosts[2], routed.hosts[0]
+    canary, other = routed.hosts[0], routed.hosts[2]      # the canary is the first in inventory order
+    run(routed, "rollback", canary, check_rc=0)            # back on its baseline, which the fault spares
     fs(routed.fleet, "lab", "fault", canary, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
     try:
         with Load(routed.router.url, clients=4, seconds=120, max_new_tokens=8) as load:
