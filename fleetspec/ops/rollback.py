@@ -122,7 +122,11 @@ def _router(t, host, seat, state: HostState, lock, echo):
     from fleetspec.ops import drain
 
     router = drain.HostDrain(seat, state.record, drain.engine_in_flight(t, host), echo, host.name)
-    router.restore_pending(lock.read_text or "")
+    try:
+        router.restore_pending(lock.read_text or "")
+    except FleetspecError as err:      # a rollback goes on: it is what runs while a release misbehaves
+        echo(f"[{host.name}] router {seat.spec.name}: {err}; the restart goes on without the router")
+        return None
     try:
         drain.check_min_serving(seat.spec, router.client, [seat.worker])
     except UserError as err:
