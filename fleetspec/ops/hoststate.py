@@ -154,6 +154,14 @@ class HostState:
         self._sent_ids.update(id(e) for e in entries)
         self.appended(lines)
 
+    def supersede_staged(self, older, by: str) -> None:
+        """Mark releases staged ahead and never switched to as superseded by `by`: one staged
+        release per algo, and pruning counts the older ones with the finished releases instead of
+        keeping them on the host for ever."""
+        for rid in older:
+            if rid != by:
+                self.record(ledger_model.Entry.status(rid, ledger_model.SUPERSEDED, reason=f"staged again as {by}"))
+
     def appended(self, lines: list[str]) -> None:
         """Lines appended on the host (by a prelude or by a command's own script): known as
         written, and mirrored."""

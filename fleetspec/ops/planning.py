@@ -72,11 +72,12 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
 
 def prune_candidates(statuses: dict[str, str], current: str | None, keep: int, protect=()) -> list[str]:
     """Healthy releases beyond the newest `keep` (never the current one, nor `protect`: the
-    release a deploy came from, which `--rollback-all-on-abort` returns to). Failed releases
-    do not count towards `keep`: the newest `keep` of them are kept for forensics, older ones go
-    too (a host that failed often filled its disk with them)."""
+    release a deploy came from, which `--rollback-all-on-abort` returns to). Finished releases
+    that were not kept (failed, rolled back, or superseded: a benchmark's, a restaged one) do not
+    count towards `keep`: the newest `keep` of them stay for forensics, older ones go too (a host
+    that failed often filled its disk with them)."""
     healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
-    failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK)]
+    failed = [r for r, s in statuses.items() if s in (L.FAILED, L.ROLLED_BACK, L.SUPERSEDED)]
     old = [r for r in healthy[:-keep] + failed[:-keep] if r != current and r not in protect] if keep > 0 else []
     return [r for r in old if is_name(r)]   # the parser drops such lines; path parts are checked where used too
 

@@ -103,13 +103,14 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     notes.extend(check_gpus(host, gpus))
     health = got["gpu_health"] if gpus is not None and gpus.present else None
     notes.extend(check_gpu_health(host, playbook, health, launch.gpus, getattr(tv, "cuda", None)))
+    ahead = L.parse(_raised(got["ledger"]) or "").staged_ahead(playbook.algo)
     pf = Preflight(host=host, root=req.root, playbook=playbook, service=svc.service, python=host.vars.python,
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
                    sglang=sg, torch=tv, hybrid=hybrid, options=options, new_argv=launch.derived.argv,
                    patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard, form=svc.form,
                    launch=launch, gpu_health=health if isinstance(health, GpuHealth) else None,
                    keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
-                   staged_ahead=next(reversed(L.parse(_raised(got["ledger"]) or "").staged_ahead(playbook.algo)), None))
+                   staged_ahead=ahead[-1] if ahead else None, staged_ahead_older=tuple(ahead[:-1]))
     check_templates(pf)
     for note in notes:
         echo(note)

@@ -54,6 +54,7 @@ class Preflight:
     guard: Guard | None = None
     before: Measurement | None = None             # the service's figures before the switch (gates)
     staged_ahead: str | None = None               # the newest release `deploy --stage-only` left for this algo
+    staged_ahead_older: tuple[str, ...] = ()      # older ones for it (superseded by the next stage or deploy)
     gpu_health: GpuHealth | None = None           # as preflight read it; a failed restart is compared with it
 
     @property

@@ -75,6 +75,8 @@ def _stage_locked(t: TransportLike, req: DeployRequest, echo: Callable[[str], No
         if ahead:
             _smoke_verdict(t, state, rid, run, staged, echo)
         state.record(L.Entry.status(rid, L.STAGED, **mark))   # status says "prestaged", not "died"
+        if ahead:   # one staged release per algo: the older ones would never be switched to, nor pruned
+            state.supersede_staged((*pf.staged_ahead_older, *filter(None, [pf.staged_ahead])), rid)
     if staged.smoke_error and not ahead:
         echo(f"[{host.name}] note: the prestage's smoke runner did not start, its deploy runs one: {staged.smoke_error}")
     echo(f"[{host.name}] {'staged' if ahead else 'prestaged'} {rid} ({staged.sent or 0} bytes sent)")

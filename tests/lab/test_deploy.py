@@ -143,17 +143,16 @@ def _stage_and_smoke(fleet, release: str) -> tuple[dict, dict]:
             json.loads(json.dumps(smoke).replace(f"/releases/{release}/", "/releases/<release>/")))
 
 
-def test_a_redeploy_replays_the_smoke_verdict_until_the_sglang_install_changes(lab_fleet, ct129):
-    """Deploy, roll back, deploy the same again: the second deploy's stage replays the first one's
-    passing verdict (real sglang 0.5.13.post1 in the host's venv; its runner never starts) and its
-    smoke step reads the same result. A file touched in sglang's install (content unchanged,
-    ctime new) makes the third deploy run the tests again. (A deploy before them warms the host:
-    the first one after the lab's boot changes its overlay folders' xattrs.)"""
+def test_a_restaged_release_replays_the_smoke_verdict_until_the_sglang_install_changes(lab_fleet, ct129):
+    """Stage, stage the same again: the second stage replays the first one's passing verdict (real
+    sglang 0.5.13.post1 in the host's venv; its runner never starts) and its smoke step reads the
+    same result. A file touched in sglang's install (content unchanged, ctime new) makes the third
+    run the tests again. `--stage-only` goes through the deploy's own stage and smoke steps with
+    nothing live changed, so no engine restarts. (A stage before them warms the host: the first
+    one after the lab's boot changes its overlay folders' xattrs.)"""
     def deploy() -> str:
-        r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json", check_rc=0)
-        release = json.loads(r.stdout.strip().splitlines()[-1])["release"]
-        fs(lab_fleet, "rollback", HOST, check_rc=0)
-        return release
+        r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--stage-only", "--yes", "--json", check_rc=0)
+        return json.loads(r.stdout.strip().splitlines()[-1])["release"]
 
     deploy()    # after a boot, overlayfs's first lookups change the install's folders (README): not judged
     first = deploy()
@@ -169,6 +168,12 @@ def test_a_redeploy_replays_the_smoke_verdict_until_the_sglang_install_changes(l
     stage, smoke = _stage_and_smoke(lab_fleet, third)
     assert "smoke_reused" not in stage and smoke == first_smoke, stage
     assert "pid" in sh(lab_fleet, f"ls {STATE}/releases/{third}/smoke").split()     # a runner ran
+    assert_on_baseline(lab_fleet, ct129)
+    # The next deploy switches to the last staged release (the earlier ones are left unswitched),
+    # and the host goes back: no staged release is left for the next test to switch to.
+    r = fs(lab_fleet, "deploy", HOST, "--algo", "ddtree", "--yes", "--no-gates", "--json", check_rc=0)
+    assert json.loads(r.stdout.strip().splitlines()[-1])["release"] == third
+    fs(lab_fleet, "rollback", HOST, check_rc=0)
     assert_on_baseline(lab_fleet, ct129)
 
 

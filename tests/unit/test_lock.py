@@ -168,6 +168,7 @@ class _Pf:
     """What Deploy.run reads of a preflight before `baseline`; the real preflight needs systemd."""
 
     staged_ahead = None          # no release `deploy --stage-only` left
+    staged_ahead_older = ()
 
     def __init__(self, on_summary=lambda: None):
         self.on_summary = on_summary

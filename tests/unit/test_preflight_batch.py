@@ -189,3 +189,30 @@ def test_a_release_that_cannot_be_pruned_is_a_note_and_the_lock_files_still_go(t
     assert len(notes) == 1 and f"could not prune {ids[0]}" in notes[0] and "stuck" in notes[0], notes
     assert (base / "releases" / ids[0]).is_dir() and not (base / "releases" / ids[1]).exists()
     assert state.ledger().releases() == {"r": L.HEALTHY, ids[1]: L.PRUNED}
+
+
+def test_a_restaged_release_supersedes_the_older_one_and_superseded_ones_are_pruned(t, tmp_path):
+    """Releases a benchmark or a second `--stage-only` left behind are never switched to: the older
+    staged one becomes superseded, and superseded ones count with the failed for pruning (the newest
+    `keep` stay for forensics), so a host that stages or benchmarks often does not fill its disk."""
+    from fleetspec.model import ledger as L
+    from fleetspec.ops import planning
+    from fleetspec.ops.hoststate import HostState
+
+    root = tmp_path / "state"
+    base = root / "sglang-test"
+    base.mkdir(parents=True)
+    bench = [f"2026010{i}T000000Z-ddtree-000{i}" for i in range(1, 5)]
+    staged = ["20260105T000000Z-ddtree-0005", "20260106T000000Z-ddtree-0006"]
+    lines = [L.Entry.status(r, L.SUPERSEDED, reason="benchmark run") for r in bench]
+    lines += [L.Entry.status(r, L.STAGED, ahead=True, algo="ddtree") for r in staged]
+    (base / "ledger.jsonl").write_text("".join(e.to_line() + "\n" for e in lines))
+    state = HostState(t, "h", "sglang-test.service", root=root)
+    before = state.ledger()
+    assert before.staged_ahead("ddtree") == staged
+    state.supersede_staged(before.staged_ahead("ddtree")[:-1], staged[-1])
+    after = state.ledger()
+    assert after.staged_ahead("ddtree") == [staged[-1]]
+    assert after.releases()[staged[0]] == L.SUPERSEDED
+    # four benchmark releases and the restaged one: the newest three stay, the staged one is kept
+    assert planning.prune_candidates(after.releases(), None, keep=3) == bench[:2]
