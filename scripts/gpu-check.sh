@@ -9,8 +9,11 @@
 # First, GPU health as fleetspec's preflight reads it (remote/facts/gpu_health.py, one command) on
 # the real nvidia-smi and kernel log: the queries must be accepted and parse; what it finds is
 # printed (INFO), and its raw output is kept as $OUT/gpu-health.txt, a capture for the fixtures.
+# With it, the CUDA graph size each sglang version would pick from these GPUs' memory (the size
+# fleetspec's graph sizing starts from, model/graphsize.py), as INFO.
 #
 #   bash scripts/gpu-check.sh            # results.json and the built library go to $OUT if set
+#   GPU_CHECK_HEALTH_ONLY=1 bash scripts/gpu-check.sh   # the GPU health part alone
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,7 +22,7 @@ command -v nvcc >/dev/null && nvcc --version | tail -1 | sed 's/^/INFO nvcc: /'
 export PYTHONDONTWRITEBYTECODE=1
 timeout 120 "$PY" - "${OUT:-}" <<'PYEOF'
 import subprocess, sys
-from fleetspec.model import gpuhealth
+from fleetspec.model import gpuhealth, graphsize
 from fleetspec.remote.facts import gpu_health
 r = subprocess.run(["sh", "-c", gpu_health.command("")], capture_output=True, text=True, timeout=100)
 if sys.argv[1]:
@@ -40,8 +43,14 @@ for u in h.unread:
 print(f"PASS gpu-health: {len(h.gpus)} GPU(s) ({', '.join(sorted({g.name for g in h.gpus}))}, driver "
       f"{', '.join(sorted({g.driver for g in h.gpus}))}), {len(h.remapped)} remap rows, {len(h.apps)} compute "
       f"app(s), kernel log: {h.kernel_log}, {len(h.xids)} Xid line(s)")
+mems = [g.memory_total_mib for g in h.gpus if g.memory_total_mib]
+if mems:
+    for version in ("0.5.13.post1", "0.5.23"):
+        sizes = ", ".join(f"TP {tp}: {graphsize.sglang_max_bs(version, min(mems), tp)}" for tp in (1, 2, 4, 8))
+        print(f"INFO graph size sglang {version} picks for {min(mems)} MiB GPUs: {sizes}")
 PYEOF
 health=$?
+[ -n "${GPU_CHECK_HEALTH_ONLY:-}" ] && exit $health
 args=()
 [ -n "${OUT:-}" ] && args+=(--out "$OUT")
 timeout --signal=TERM --kill-after=10 470 "$PY" scripts/gpu_check.py "${args[@]}" "$@"

@@ -12,6 +12,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,19 +38,42 @@ def stages() -> list[Lane]:
         ("download", lambda: envs.download_wheels() > 0),
         ("patch sets", build_patchsets),
     ]
+    first_version, *later_versions = envs.SGLANG_VERSIONS
     image_lane: Lane = [
         ("rootfs", lambda: image.ensure_rootfs(_quiet)),
-        ("base image", lambda: image.ensure_base(_quiet)),
+        ("base image", _base_then_open),
         ("package layer", lambda: image.ensure_packages(_quiet)),
+        (f"layer sglang {first_version}", functools.partial(image.ensure_layer, first_version, _quiet)),
     ]
-    for version in envs.SGLANG_VERSIONS:
-        image_lane.append((f"layer sglang {version}", functools.partial(image.ensure_layer, version, _quiet)))
+    # The other versions' layers need only the base image: each is a lane of its own that waits
+    # for it, so the layers' pip installs (the longest part of a cold set-up) overlap.
+    layer_lanes: list[Lane] = [[("base image (waited for)", _wait_for_base),
+                                (f"layer sglang {v}", functools.partial(image.ensure_layer, v, _quiet))]
+                               for v in later_versions]
     local_lane: Lane = [
         (f"local env sglang {version}", functools.partial(envs.local_env_built, version)) for version in envs.SGLANG_VERSIONS]
-    local_lane.append(("kernels", build_kernels))
+    kernel_lane: Lane = [("kernels", build_kernels)]
     if os.environ.get("FLEETSPEC_CUDA_BUILD") == "1":
-        local_lane.append(("cuda kernels", build_cuda_kernels))
-    return [first, image_lane, local_lane]
+        kernel_lane.append(("cuda kernels", build_cuda_kernels))
+    return [first, image_lane, *layer_lanes, local_lane, kernel_lane]
+
+
+_BASE_DONE = threading.Event()
+
+
+def _base_then_open() -> bool:
+    try:
+        return image.ensure_base(_quiet)
+    finally:
+        _BASE_DONE.set()
+
+
+def _wait_for_base() -> bool:
+    """Blocks until the image lane has tried the base image; fails if it is not there."""
+    _BASE_DONE.wait()
+    if not image.marker(image.base_dir()).exists():
+        raise UserError("the base image was not built (see the image lane's failure)")
+    return False
 
 
 def _run_lane(lane: Lane) -> tuple[bool, str | None]:
@@ -67,16 +91,27 @@ def _run_lane(lane: Lane) -> tuple[bool, str | None]:
     return cold, None
 
 
+def _run_lane_then_release(lane: Lane) -> tuple[bool, str | None]:
+    """_run_lane; the lane that builds the base image releases its waiters however it ends (a
+    rootfs failure too), so no lane waits for ever."""
+    try:
+        return _run_lane(lane)
+    finally:
+        if any(step is _base_then_open for _, step in lane):
+            _BASE_DONE.set()
+
+
 def main() -> int:
     """The first lane, then the image and the local environments side by side: the two are
     independent (a chroot's pip and this machine's pip, each in folders of its own) and each is
     mostly one process, so on a cold machine they share its cores instead of taking turns."""
     started = time.monotonic()
+    _BASE_DONE.clear()
     first, *rest = stages()
     cold, failed = _run_lane(first)
     if failed is None:
         with ThreadPoolExecutor(max_workers=len(rest)) as pool:
-            results = list(pool.map(_run_lane, rest))
+            results = list(pool.map(_run_lane_then_release, rest))
         cold = cold or any(did for did, _ in results)
         failed = next((why for _, why in results if why is not None), None)
     if failed is not None:

@@ -95,10 +95,13 @@ class AcceptanceGate:
 
 @dataclass(frozen=True)
 class ThroughputGate:
+    """Also measured at the host's serving concurrency: ops/gates.serving_level."""
     min_ratio: float | None = None
     concurrency: tuple[int, ...] = (1,)
     requests: int = 16
     dry_run: bool = False
+    serving_concurrency: int | None = None
+    max_concurrency: int = 64
 
 
 @dataclass(frozen=True)
@@ -381,9 +384,11 @@ def _gates(f: Fields) -> Gates:
         for i, c in enumerate(conc):
             if isinstance(c, bool) or not isinstance(c, int) or c < 1:
                 t.fail(f"concurrency[{i}]", f"expected a positive integer, got {describe(c)}")
+        if (serving := t.get("serving_concurrency", int, None)) is not None and serving < 0:
+            t.fail("serving_concurrency", f"expected a count of requests (0: not measured), got {serving}")
         throughput = ThroughputGate(min_ratio=t.get("min_ratio", float, None), concurrency=tuple(conc),
-                                    requests=_positive(t, "requests", int, 16),
-                                    dry_run=t.get("dry_run", bool, False))
+                                    requests=_positive(t, "requests", int, 16), dry_run=t.get("dry_run", bool, False),
+                                    serving_concurrency=serving, max_concurrency=_positive(t, "max_concurrency", int, 64))
         t.done()
     if (p := maybe("parity")) is not None:
         parity = ParityGate(max_new_tokens=_positive(p, "max_new_tokens", int, 32),

@@ -67,6 +67,7 @@ class LaunchPlan:
     simulated: tuple[str, ...] = ()       # SGLANG_SIMULATE_ACC_*: every gate is inconclusive
     notes: tuple[str, ...] = ()
     gpus: tuple[int, str] | None = None   # GPUs the launch uses on this host, and how (TP x DP); None: one
+    max_running: int | None = None        # --max-running-requests: the host's serving concurrency (gates)
 
     def to_dict(self) -> dict:
         d = self.derived
@@ -134,7 +135,11 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags
     if simulated:
         notes.append(f"{', '.join(simulated)} is set: acceptance is simulated, so every gate is inconclusive "
                      f"(fail closed)")
+    named = graphsize.given(derived.kept, table)
+    running = named.get("max_running_requests")
     return LaunchPlan(form=form, derived=derived, env_kept=kept, env_dropped=dropped, simulated=simulated,
-                      notes=tuple(notes), gpus=gpuhealth.gpus_needed(graphsize.given(derived.kept, table)))
+                      notes=tuple(notes), gpus=gpuhealth.gpus_needed(named),
+                      max_running=int(running) if running is not None and running.isdigit() and int(running) > 0
+                      else None)
 
 

@@ -88,8 +88,7 @@ class Deploy(RouterSteps, FailurePath):
                         **self.state.lock_reads) as lock:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
-            if self.reuse_staged:
-                self.state.supersede_staged(self.pf.staged_ahead_older, self.release_id)
+            self.state.supersede_staged(self.pf.staged_ahead_older if self.reuse_staged else (), self.release_id)
             try:
                 return self._routed(self._locked)
             finally:

@@ -125,12 +125,13 @@ def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, c
         if meta.get("spec_accept_length") is not None:
             m.accept_lengths.append(float(meta["spec_accept_length"]))
     for level in concurrency:
+        n = max(requests, level)       # a level above the request count would never be reached
         for _ in range(max(1, rounds)):
-            tokens, walls, errors = _load(t, port, level, requests, max_new_tokens, api_key)
+            tokens, walls, errors = _load(t, port, level, n, max_new_tokens, api_key)
             m.errors.extend(errors)
             if tokens and walls and tokens / walls[0] > m.tokens_per_s.get(level, 0.0):
                 m.tokens_per_s[level] = tokens / walls[0]
-                m.tpot_ms[level] = 1000 * walls[1] / max(1, tokens / max(1, requests - len(errors)))
+                m.tpot_ms[level] = 1000 * walls[1] / max(1, tokens / max(1, n - len(errors)))
     return m
 
 
@@ -177,17 +178,67 @@ def for_host(gates, host):
     return out
 
 
+def serving_level(g, max_running: int | None) -> tuple[int | None, str]:
+    """The host's serving concurrency the throughput gate also measures at, and where it came
+    from: the playbook's (or host's) `serving_concurrency` (0: not measured), else the launch's
+    --max-running-requests; at most `max_concurrency`. (None, why) when there is none."""
+    if g.serving_concurrency == 0:
+        return None, "serving_concurrency: 0"
+    if g.serving_concurrency:
+        level, source = g.serving_concurrency, f"serving_concurrency {g.serving_concurrency}"
+    elif max_running:
+        level, source = max_running, f"--max-running-requests {max_running}"
+    else:
+        return None, "no --max-running-requests in the launch and no serving_concurrency"
+    if level > g.max_concurrency:
+        return g.max_concurrency, f"{source}, capped at max_concurrency {g.max_concurrency}"
+    return level, source
+
+
+def at_serving(gates, max_running: int | None):
+    """(the gates with the serving level added to the throughput gate's levels, (level, source) or None)."""
+    import dataclasses
+
+    if not gates.throughput:
+        return gates, None
+    level, source = serving_level(gates.throughput, max_running)
+    if level is None:
+        return gates, None
+    levels = tuple(sorted({*gates.throughput.concurrency, level}))
+    return dataclasses.replace(gates, throughput=dataclasses.replace(gates.throughput, concurrency=levels)), \
+        (level, source)
+
+
+def _resolved(pf):
+    """The playbook's gates for this host, at its serving concurrency."""
+    return at_serving(for_host(pf.playbook.gates, pf.host), getattr(getattr(pf, "launch", None), "max_running", None))
+
+
+def plan_note(pf) -> str | None:
+    """The plan's line on the throughput gate's levels: which one is the host's serving concurrency."""
+    if not pf.playbook.gates.throughput:
+        return None
+    g, serving = _resolved(pf)
+    levels = ", ".join(map(str, g.throughput.concurrency))
+    if serving:
+        return f"throughput gate at concurrency {levels} ({serving[0]}: the host's serving concurrency, {serving[1]})"
+    _, why = serving_level(g.throughput, getattr(getattr(pf, "launch", None), "max_running", None))
+    return f"throughput gate at concurrency {levels}; not at the host's serving concurrency ({why})"
+
+
 def needs_baseline(gates) -> bool:
     return bool(gates.throughput or gates.parity or (gates.acceptance and gates.acceptance.vs_baseline_tolerance))
 
 
-def judge(gates, before: Measurement | None, after: Measurement, *, hybrid: bool) -> list[Verdict]:
-    """Pure: the verdicts of the playbook's gates on two measurements."""
+def judge(gates, before: Measurement | None, after: Measurement, *, hybrid: bool,
+          serving: tuple[int, str] | None = None) -> list[Verdict]:
+    """Pure: the verdicts of the playbook's gates on two measurements; `serving`: the host's
+    serving concurrency among the throughput gate's levels, and where it came from (at_serving)."""
     out = []
     if gates.acceptance:
         out.append(_acceptance(gates.acceptance, before, after))
     if gates.throughput:
-        out.append(_throughput(gates.throughput, before, after))
+        out.append(_throughput(gates.throughput, before, after, serving))
     if gates.parity:
         out.append(_parity(gates.parity, before, after, hybrid))
     return out
@@ -222,25 +273,32 @@ def _acceptance(g, before, after) -> Verdict:
     return Verdict("acceptance", PASS, "", fig, g.dry_run)
 
 
-def _throughput(g, before, after) -> Verdict:
+def _throughput(g, before, after, serving=None) -> Verdict:
     fig: dict = {}
+    if serving:
+        fig["serving_concurrency"], fig["serving_concurrency_from"] = serving
     if before is None:
         return Verdict("throughput", INCONCLUSIVE, "no baseline measured", fig, g.dry_run)
-    worst = None
+    worst = worst_level = None
     for level in g.concurrency:
         b, a = before.tokens_per_s.get(level), after.tokens_per_s.get(level)
         if not b or a is None:
             return Verdict("throughput", INCONCLUSIVE, f"no figures at concurrency {level}", fig, g.dry_run)
         ratio = a / b
         fig[f"tok_s_c{level}"], fig[f"baseline_tok_s_c{level}"], fig[f"ratio_c{level}"] = round(a, 1), round(b, 1), round(ratio, 3)
-        worst = ratio if worst is None else min(worst, ratio)
+        if worst is None or ratio < worst:
+            worst, worst_level = ratio, level
     if after.errors:
         return Verdict("throughput", INCONCLUSIVE, f"{len(after.errors)} failed requests", fig, g.dry_run)
     if before.errors:
         return Verdict("throughput", INCONCLUSIVE, f"the baseline measurement had {len(before.errors)} failed "
                                                    f"requests", fig, g.dry_run)
     if g.min_ratio is not None and worst is not None and worst < g.min_ratio:
-        return Verdict("throughput", FAIL, f"release/baseline tokens/s {worst:.3f} < {g.min_ratio}", fig, g.dry_run)
+        where = f"at concurrency {worst_level}"
+        if serving and serving[0] == worst_level:
+            where += f" (the host's serving concurrency: {serving[1]})"
+        return Verdict("throughput", FAIL, f"release/baseline tokens/s {worst:.3f} < {g.min_ratio} {where}",
+                       fig, g.dry_run)
     return Verdict("throughput", PASS, "", fig, g.dry_run)
 
 
@@ -279,8 +337,9 @@ def _parity(g, before, after, hybrid: bool) -> Verdict:
 
 
 def measure_for(t, pf) -> Measurement:
-    """Measure what the host serves now, the way the playbook's gates ask."""
-    g = for_host(pf.playbook.gates, pf.host)
+    """Measure what the host serves now, the way the playbook's gates ask (at concurrency 1 and
+    the others they name, and at the host's serving concurrency)."""
+    g, _ = _resolved(pf)
     return measure(t, pf.host.vars.api_port, max_new_tokens=g.parity.max_new_tokens if g.parity else 32,
                    concurrency=tuple(g.throughput.concurrency) if g.throughput else (),
                    requests=g.throughput.requests if g.throughput else 0, api_key=pf.probe_spec(None).api_key)
@@ -297,7 +356,8 @@ def fail_closed_if_simulated(verdicts: list[Verdict], simulated) -> list[Verdict
 
 def evaluate(t, pf, state, release, *, echo=print) -> list[Verdict]:
     after = measure_for(t, pf)
-    verdicts = judge(for_host(pf.playbook.gates, pf.host), pf.before, after, hybrid=pf.hybrid)
+    g, serving = _resolved(pf)
+    verdicts = judge(g, pf.before, after, hybrid=pf.hybrid, serving=serving)
     verdicts = fail_closed_if_simulated(verdicts, getattr(getattr(pf, "launch", None), "simulated", ()))
     for v in verdicts:
         echo(f"[{pf.host.name}] gate {v.name}: {v.verdict}{' (dry run)' if v.dry_run else ''}"

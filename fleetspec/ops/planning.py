@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fleetspec.model import ledger as L
 from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE
-from fleetspec.ops import steps
+from fleetspec.ops import gates, steps
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.rendering import dropin_text
 from fleetspec.ops.staging import new_release, sha
@@ -59,7 +59,8 @@ def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
     return Plan(
         host=pf.host.name, service=pf.service, sglang=pf.sglang_version,
         algo=pf.playbook.algo, expected_algorithm=pf.playbook_algorithm,
-        notes=[*pf.notes, *([pf.staged_ahead_note] if pf.staged_ahead_note else [])], options=dict(pf.options.values),
+        notes=[*pf.notes, *([pf.staged_ahead_note] if pf.staged_ahead_note else []),
+               *filter(None, [gates.plan_note(pf)])], options=dict(pf.options.values),
         execstart_diff=pf.redact("".join(diff)), dropin=pf.redact(dropin_text(pf, fake)),
         files={p: sha(b) for p, b in pf.patch_files().items()},
         kernels={n: sha(b) for n, b in pf.kernel_files().items()},

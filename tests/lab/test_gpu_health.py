@@ -125,3 +125,57 @@ def test_a_restart_that_logs_an_xid_names_it_and_the_host_needs_attention(lab_fl
     assert "reverted to baseline, which runs on the same GPUs" in out["reason"], out
     s = json.loads(labtools.fs(lab_fleet, "status", host, "--json").stdout.strip().splitlines()[-1])
     assert s["algo"] == "NEXTN", s                                           # the revert itself held
+
+
+def test_a_graph_rescaled_below_the_serving_concurrency_fails_the_throughput_gate_there(lab_fleet, tmp_path):
+    """hosts[0] (like ct129: no GPU facts, NEXTN verifying 4 tokens, --max-running-requests 16):
+    DDTree at budget 320 verifies 321, so `cuda_graph: rescale` takes sglang's fallback graph of 160
+    down to 1 (the plan says the 160 is the fallback). The stand-in runs a step with more requests
+    than its graph holds 3x slower: the gate passes at concurrency 1 and fails at the serving
+    concurrency (capped at 4 here: the 2-core machine), and the deploy reverts; the same deploy
+    with `cuda_graph: keep` passes. slow_tokens=6 on both sides (0.06 s steps) paces the stand-in well above its
+    CPU work (~6 ms a DDTree step here), so concurrency 4 measures the graphs, not the cores."""
+    import yaml
+
+    host = lab_fleet.hosts[0]
+    labtools.fs(lab_fleet, "lab", "fault", host, "--clear", check_rc=0)
+    extra = yaml.safe_load((lab_fleet.root / "inventory/lab.yaml").read_text())["hosts"][host]["vars"]["extra"]
+    extra = {k: v for k, v in extra.items() if k != "gates"}        # the lab's c=1-only override
+
+    def playbook(policy):
+        def edit(data):
+            data["launch"]["cuda_graph"] = policy
+            data["gates"] = {"throughput": {"min_ratio": 0.7, "concurrency": [1], "requests": 4, "max_concurrency": 4}}
+        return edit
+
+    roots = {p: R.make_root(tmp_path / p, [host], playbooks={"ddtree.yaml": playbook(p)},
+                            inventory_vars={host: {"extra": extra}}) for p in ("rescale", "keep")}
+    args = ("deploy", host, "--algo", "ddtree", "--set", "budget=320")
+    plan = R.fs(roots["rescale"], *args, "--plan")
+    said = plan.stdout + plan.stderr
+    assert plan.returncode == 0, said[-3000:]
+    assert "--cuda-graph-max-bs 160 (no GPU facts on this host: sglang's fallback without GPU memory" in said, said[-3000:]
+    assert "--cuda-graph-max-bs 160 -> 1 (1 x 321 = 321 <= 640)" in said, said[-3000:]
+    assert ("throughput gate at concurrency 1, 4 (4: the host's serving concurrency, --max-running-requests 16, "
+            "capped at max_concurrency 4)") in said, said[-3000:]
+    labtools.fs(lab_fleet, "lab", "fault", host, "slow_tokens=6", check_rc=0)
+    try:
+        r = R.fs(roots["rescale"], *args, "--yes", "--json")
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        tput = out["evidence"]["figures"]["throughput"]
+        assert r.returncode == 1 and out["status"] == "rolled_back" and out["failed_step"] == "gates", out
+        assert "at concurrency 4 (the host's serving concurrency" in out["reason"], out
+        print(f"stand-in figures, graph rescaled to 1: {tput}")
+        assert tput["ratio_c4"] < 0.7 <= tput["ratio_c1"] and tput["serving_concurrency"] == 4, tput
+        s = json.loads(labtools.fs(lab_fleet, "status", host, "--json").stdout.strip().splitlines()[-1])
+        assert s["algo"] == "NEXTN", s
+        r = R.fs(roots["keep"], *args, "--yes", "--json")
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert r.returncode == 0 and out["status"] == "healthy", (r.stdout[-3000:], r.stderr[-3000:])
+        print(f"stand-in figures, graph kept: {out['figures']['throughput']}")
+        assert out["figures"]["throughput"]["ratio_c4"] >= 0.7, out["figures"]
+    finally:
+        labtools.fs(lab_fleet, "lab", "fault", host, "--clear")
+        R.fs(roots["keep"], "rollback", host)
+    s = json.loads(labtools.fs(lab_fleet, "status", host, "--json").stdout.strip().splitlines()[-1])
+    assert s["algo"] == "NEXTN", s

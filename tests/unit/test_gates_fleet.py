@@ -7,7 +7,7 @@ import pytest
 from fleetspec.errors import UserError
 from fleetspec.model.playbook import AcceptanceGate, Gates, ParityGate, ThroughputGate
 from fleetspec.ops.fleet import Strategy
-from fleetspec.ops.gates import FAIL, INCONCLUSIVE, PASS, Measurement, judge
+from fleetspec.ops.gates import FAIL, INCONCLUSIVE, PASS, Measurement, at_serving, judge, serving_level
 
 
 def m(accept=(), tok=None, outputs=None, errors=()):
@@ -47,6 +47,56 @@ def test_throughput_ratio_per_concurrency():
     assert slow.verdict == FAIL and "0.400" in slow.reason
     assert verdicts(g, None, m(tok={1: 1, 4: 1}))["throughput"].verdict == INCONCLUSIVE
     assert verdicts(g, m(tok={1: 100}), m(tok={1: 100}))["throughput"].verdict == INCONCLUSIVE
+
+
+@pytest.mark.parametrize("gate, running, want", [
+    (ThroughputGate(), 16, (16, "--max-running-requests 16")),
+    (ThroughputGate(), 512, (64, "--max-running-requests 512, capped at max_concurrency 64")),
+    (ThroughputGate(max_concurrency=8), 16, (8, "--max-running-requests 16, capped at max_concurrency 8")),
+    (ThroughputGate(serving_concurrency=24), 16, (24, "serving_concurrency 24")),
+    (ThroughputGate(serving_concurrency=0), 16, (None, "serving_concurrency: 0")),
+    (ThroughputGate(), None, (None, "no --max-running-requests in the launch and no serving_concurrency")),
+])
+def test_serving_level_from_the_launch_or_the_playbook_capped(gate, running, want):
+    assert serving_level(gate, running) == want
+
+
+def test_throughput_at_the_serving_concurrency_fails_where_only_it_is_slower():
+    """A graph rescaled below the host's load: as fast at concurrency 1, slower at 16. Without the
+    serving level the gate passes; with it, it fails and says at which level and why that one."""
+    g = Gates(throughput=ThroughputGate(min_ratio=0.6, concurrency=(1,)))
+    before, after = m(tok={1: 100, 16: 1200}), m(tok={1: 98, 16: 400})
+    assert verdicts(g, before, after)["throughput"].verdict == PASS
+    served, serving = at_serving(g, 16)
+    assert served.throughput.concurrency == (1, 16) and serving == (16, "--max-running-requests 16")
+    v = {x.name: x for x in judge(served, before, after, hybrid=False, serving=serving)}["throughput"]
+    assert v.verdict == FAIL and v.blocks
+    assert v.reason == ("release/baseline tokens/s 0.333 < 0.6 at concurrency 16 (the host's serving "
+                        "concurrency: --max-running-requests 16)")
+    assert v.figures["serving_concurrency"] == 16 and v.figures["ratio_c16"] == 0.333
+    assert v.figures["serving_concurrency_from"] == "--max-running-requests 16"
+    assert at_serving(Gates(throughput=ThroughputGate(concurrency=(1, 4), serving_concurrency=4)), 32)[0] \
+        .throughput.concurrency == (1, 4)
+    assert at_serving(Gates(), 16) == (Gates(), None)
+
+
+def test_the_plan_names_the_throughput_gates_levels_and_the_serving_one():
+    from types import SimpleNamespace
+
+    from fleetspec.ops.gates import plan_note
+
+    def pf(gates, running, extra=None):
+        host = SimpleNamespace(name="h", inventory_path="inv.yaml", vars=SimpleNamespace(extra=extra or {}))
+        return SimpleNamespace(playbook=SimpleNamespace(gates=gates), host=host,
+                               launch=SimpleNamespace(max_running=running))
+
+    g = Gates(throughput=ThroughputGate(concurrency=(1, 4)))
+    assert plan_note(pf(g, 16)) == ("throughput gate at concurrency 1, 4, 16 (16: the host's serving concurrency, "
+                                    "--max-running-requests 16)")
+    assert plan_note(pf(g, 16, {"gates": {"throughput": {"serving_concurrency": 0}}})) == \
+        "throughput gate at concurrency 1, 4; not at the host's serving concurrency (serving_concurrency: 0)"
+    assert plan_note(pf(g, None)).endswith("(no --max-running-requests in the launch and no serving_concurrency)")
+    assert plan_note(pf(Gates(), 16)) is None
 
 
 def test_parity_reports_the_first_differing_token():

@@ -150,6 +150,13 @@ def test_throughput_counts_malformed_load_answers_as_errors(t, server):
     assert one(g, before, after, "throughput").verdict == INCONCLUSIVE
 
 
+def test_a_level_above_the_request_count_sends_as_many_requests_as_the_level(t, server):
+    """16 requests at concurrency 16, where the gate asks for 4: the level is really reached."""
+    before = len(server.auth)
+    m = measure(t, server, answer, prompts=(), concurrency=(16,), requests=4, rounds=1)
+    assert len(server.auth) - before == 16 and not m.errors and m.tokens_per_s[16] > 0
+
+
 @pytest.mark.parametrize("algo", ["ddtree", "dflash", "nextn"])
 def test_every_algo_changing_playbook_has_a_gate_that_counts_request_errors(t, server, algo):
     """dflash and nextn have no throughput gate: their acceptance gate counts the errors."""

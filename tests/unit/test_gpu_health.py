@@ -232,3 +232,27 @@ def test_an_unknown_waiver_on_the_command_line_is_refused_before_any_host(tmp_pa
                         "--waive-gpu", "nope"], capture_output=True, text=True, timeout=120,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "'nope' is not one of" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case, verdict, finding", [
+    ("h200x2", "PASS gpu-health: 2 GPU(s) (NVIDIA H200", None),
+    ("ecc", "PASS gpu-health: 2 GPU(s)", "INFO gpu-health finding [ecc]: GPU 1"),
+])
+def test_gpu_check_script_reads_the_health_and_graph_size_from_nvidia_smi(host_with, tmp_path, case, verdict, finding):
+    """scripts/gpu-check.sh's health part, as it runs on a GPU machine, here on the lab's
+    nvidia-smi stand-in (a fixture case first on PATH): the collection parses, findings are
+    printed, the raw output is kept, and sglang's graph size for these GPUs is said."""
+    import os
+    import subprocess
+
+    host_with(case)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FLEETSPEC_LAB_GPU": str(tmp_path / "gpu"),
+           "GPU_CHECK_HEALTH_ONLY": "1", "OUT": str(out), "PYTHONPATH": str(REPO), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(REPO / "scripts/gpu-check.sh")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and verdict in r.stdout, (r.stdout, r.stderr)
+    assert "INFO graph size sglang 0.5.13.post1 picks for 143771 MiB GPUs: TP 1: 256, TP 2: 256, TP 4: 512" in r.stdout
+    assert finding is None or finding in r.stdout, r.stdout
+    assert "__FLEETSPEC_GPU__" in (out / "gpu-health.txt").read_text()
+    assert not [line for line in r.stdout.splitlines() if line.startswith("FAIL")], r.stdout   # health only: no build

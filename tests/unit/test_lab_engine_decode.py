@@ -226,3 +226,56 @@ def test_engine_paces_steps_by_the_cost_model_and_reports_what_it_decoded(du, pl
     assert result["verify_ct"] == len(steps) and elapsed >= modelled * 0.95
     assert eng.stats["trees_built"] == len(steps) and eng.stats["steps_by_mode"] == {"tree": len(steps)}
     assert eng.accept_length() == pytest.approx(32 / len(steps))
+
+
+@pytest.mark.parametrize("values, version, size", [
+    ({}, "0.5.13.post1", 160),                                               # sglang's fallback
+    ({"max_running_requests": 16}, "0.5.13.post1", 160),                     # 0.5.13 does not cap it
+    ({"max_running_requests": 32}, "0.5.23", 32),                            # 0.5.23 caps it
+    ({"cuda_graph_max_bs": 9, "max_running_requests": 16}, "0.5.13.post1", 9),
+    ({"cuda_graph_max_bs": 160, "cuda_graph_max_bs_decode": 1}, "0.5.23", 1),
+    ({"cuda_graph_max_bs": "12"}, "0.5.13.post1", 12),
+    ({"cuda_graph_max_bs": 8, "disable_cuda_graph": True}, "0.5.13.post1", 0),
+])
+def test_graph_size_is_what_the_engine_captures(values, version, size):
+    assert decode.graph_size(values, version) == size
+
+
+def test_steps_with_more_requests_running_than_the_graph_holds_are_slower(monkeypatch, tmp_path):
+    """Two requests at once on a graph of 1 run eagerly (graph_miss_factor x the step); on a
+    graph of 2 they do not: the stand-in shows what a rescale to 1 costs at concurrency 2."""
+    import threading
+    import time
+
+    from fleetspec.lab.engine.fleetspec_lab_engine import engine, settings
+
+    monkeypatch.setattr(settings, "ETC", tmp_path)          # no faults.json
+    config = {**settings.ENGINE_DEFAULTS, "step_seconds": 0.01, "graph_miss_factor": 3.0}
+
+    def two_at_once(graph_bs: int) -> tuple[float, int]:
+        values = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+                  "cuda_graph_max_bs": graph_bs}
+        eng = engine.Engine(types.SimpleNamespace(algorithm="EAGLE", values=values, version="0.5.13.post1"), config)
+        gate = threading.Barrier(2)
+
+        def one():
+            gate.wait()
+            eng.generate(model.tokenize(PROMPTS[0]), 24)
+        started = time.monotonic()
+        threads = [threading.Thread(target=one) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return time.monotonic() - started, eng.stats["steps_without_graph"]
+
+    fits, fits_missed = two_at_once(2)
+    beyond, beyond_missed = two_at_once(1)
+    _, steps = run(decode.make_plan("EAGLE", {"speculative_num_steps": 3}), prompts=PROMPTS[:1], max_new=24)
+    modelled = 0.01 * decode.step_cost(steps[0])        # one step of one request, graph replayed
+    assert fits_missed == 0 and beyond_missed >= 2 * len(steps) - 2, (beyond_missed, len(steps))
+    # the two requests step side by side, each step 3x its modelled time (a lower bound: paced by sleeps)
+    assert beyond >= 0.95 * (3 * (len(steps) - 1) + 1) * modelled, (beyond, fits, modelled, len(steps))
+    one = engine.Engine(types.SimpleNamespace(algorithm="EAGLE", values={"cuda_graph_max_bs": 1}), config)
+    one.generate(model.tokenize(PROMPTS[0]), 8)                      # one request alone fits a graph of 1
+    assert one.stats["steps_without_graph"] == 0 and one.graph_size == 1

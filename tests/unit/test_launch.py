@@ -209,6 +209,18 @@ def test_speculation_only_environment_is_listed_and_unset(tmp_path):
         argv_ops.plan_launch(g, T23, Flags(FLAGS), playbook, "0.5.23", {}, "h: s")
 
 
+@pytest.mark.parametrize("table, version, extra, running", [
+    (T13, "0.5.13.post1", "--max-running-requests 16", 16),
+    (T23, "0.5.23", "--max-running-requests=32", 32),
+    (T23, "0.5.23", "", None),
+])
+def test_the_serving_concurrency_is_the_baselines_max_running_requests(table, version, extra, running):
+    """Read with the real parser's table (either spelling), for the throughput gate's serving level."""
+    playbook = load_playbook(__import__("pathlib").Path(__file__).parents[2] / "playbooks" / "ddtree.yaml")
+    f = form(f"{PY} -m sglang.launch_server --model-path m {extra} --speculative-algorithm EAGLE".replace("  ", " "))
+    assert argv_ops.plan_launch(f, table, Flags(FLAGS), playbook, version, {}, "h: s").max_running == running
+
+
 def _preflight(form_, new_argv, launch_dict):
     from pathlib import Path
     from types import SimpleNamespace

@@ -49,6 +49,7 @@ def test_full_playbook_loads(pdir):
     assert pb.patchset_for("0.5.23") == pdir / "ddtree/patchsets/sglang-0.5.23"
     assert pb.kernels == (pdir / "ddtree/kernels/tree_mask",)
     assert pb.gates.throughput.concurrency == (1, 4) and pb.probes.generate.max_new_tokens == 16
+    assert pb.gates.throughput.serving_concurrency is None and pb.gates.throughput.max_concurrency == 64
     assert pb.smoke.ddtree_sample is True and pb.smoke.when == "before-switch" and pb.smoke.reuse is True
 
 
@@ -89,6 +90,9 @@ def test_unknown_algo_lists_known(pdir):
     ("algo: ddtree", "algo: dflash", r"algo: expected 'ddtree'"),
     ("    - [--speculative-algorithm, DDTREE]", "    - [speculative-algorithm, DDTREE]", r"launch\.flags\[0\]\[0\]"),
     ("concurrency: [1, 4]", "concurrency: [1, 0]", r"gates\.throughput\.concurrency\[1\]"),
+    ("requests: 16,", "requests: 16, serving_concurrency: -1,", r"gates\.throughput\.serving_concurrency: expected a count"),
+    ("requests: 16,", "requests: 16, serving_concurrency: many,", r"gates\.throughput\.serving_concurrency: expected"),
+    ("requests: 16,", "requests: 16, max_concurrency: 0,", r"gates\.throughput\.max_concurrency: expected a positive"),
     ("speculative_algorithm: DDTREE\n", "", r"speculative_algorithm: missing"),
 ])
 def test_bad_playbooks(pdir, old, new, match):

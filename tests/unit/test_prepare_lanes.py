@@ -5,6 +5,9 @@ real stages run cold in CI's own first-contact run)."""
 from __future__ import annotations
 
 import threading
+import time
+
+import pytest
 
 from fleetspec.errors import UserError
 from fleetspec.lab import prepare
@@ -53,3 +56,32 @@ def test_the_first_lane_failing_starts_nothing_else(monkeypatch, capsys):
                                                     [("local env", lambda: ran.append(2))]])
     assert prepare.main() == 2 and ran == []
     assert capsys.readouterr().err.strip() == "prepare: download failed: no index"
+
+
+@pytest.mark.timeout(60)
+def test_a_layer_lane_waits_for_the_base_image_and_a_rootfs_failure_releases_it(monkeypatch, capsys):
+    """A later version's layer lane starts once the image lane has the base image; when the image
+    lane fails before it (debootstrap), the waiting lane fails in one line instead of hanging."""
+    order = []
+
+    def base():
+        order.append("base")
+        return True
+
+    monkeypatch.setattr(prepare.image, "ensure_base", lambda log: base())
+    monkeypatch.setattr(prepare.image, "marker", lambda folder: type("M", (), {"exists": lambda self: "base" in order})())
+    lanes = lambda rootfs: [[("download", lambda: True)],   # noqa: E731
+                            [("rootfs", rootfs), ("base image", prepare._base_then_open)],
+                            [("base image (waited for)", prepare._wait_for_base),
+                             ("layer sglang 0.5.23", lambda: order.append("layer") or True)]]
+    monkeypatch.setattr(prepare, "stages", lambda: lanes(lambda: time.sleep(0.3) or True))
+    assert prepare.main() == 0 and order == ["base", "layer"]
+
+    def broken():
+        raise UserError("debootstrap needs the Debian archive")
+
+    order.clear()
+    monkeypatch.setattr(prepare, "stages", lambda: lanes(broken))
+    assert prepare.main() == 2 and order == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "prepare: rootfs failed: debootstrap needs the Debian archive" in err

@@ -26,6 +26,12 @@ Cost model (one rule for every algorithm, `step_cost`): a step costs
 pass (1 for plain decoding, depth + 1 for a chain, budget + 1 for a tree) and `drafted` the
 positions the drafter proposed. A GPU verify pass is memory-bound, so extra nodes cost a fraction
 of a step (default 0.01 each: 64 extra nodes add ~64%).
+
+CUDA graphs (`graph_size`, `graph_factor`): the real engine replays a captured graph for a batch of
+at most its graph size (--cuda-graph-max-bs, --cuda-graph-max-bs-decode on 0.5.23, sglang's fallback
+of 160 when unset) and runs a larger batch eagerly, which is slower. The stand-in runs each request
+on its own thread, so a step taken while more requests are running than the graph holds costs
+`graph_miss_factor` times as much (none with --disable-cuda-graph counts as size 0).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from . import model
 
 CHAIN_DEPTH = {"EAGLE": 3, "EAGLE3": 3, "STANDALONE": 3, "NGRAM": 3, "DFLASH": 15, "DDTREE": 15}
 COSTS = {"verify_node_cost": 0.01, "draft_token_cost": 0.01}
+SGLANG_FALLBACK_GRAPH_BS = 160     # sglang's max bs without GPU memory facts (as fleetspec.model.graphsize)
 
 
 @dataclass
@@ -73,6 +80,34 @@ class Step:
     drafted: int                       # positions the drafter proposed
     mode: str
     tree: dict | None = field(default=None)
+
+
+def _older_than_0_5_14(version: str | None) -> bool:
+    import re
+
+    nums = [int(n) for n in re.findall(r"\d+", version or "")[:3]]
+    return bool(nums) and tuple(nums) < (0, 5, 14)
+
+
+def graph_size(values: dict, version: str | None = None) -> int:
+    """The largest batch the engine's decode/verify CUDA graph holds: the flag (0.5.23's
+    cuda_graph_max_bs_decode before cuda_graph_max_bs), else sglang's fallback of 160, which
+    0.5.23 caps at --max-running-requests; 0 with --disable-cuda-graph."""
+    if values.get("disable_cuda_graph"):
+        return 0
+    for dest in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+        value = values.get(dest)
+        if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit():
+            return int(value)
+    running = values.get("max_running_requests")
+    if not _older_than_0_5_14(version) and isinstance(running, int) and 0 < running < SGLANG_FALLBACK_GRAPH_BS:
+        return running
+    return SGLANG_FALLBACK_GRAPH_BS
+
+
+def graph_factor(running: int, size: int, factor: float) -> float:
+    """What a step costs, in units of its graph-replayed cost, with `running` requests in the batch."""
+    return float(factor) if running > size else 1.0
 
 
 def depth_for(algorithm: str, values: dict) -> int:

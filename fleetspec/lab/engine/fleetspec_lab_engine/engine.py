@@ -25,14 +25,21 @@ class Engine:
             ddtree = importlib.import_module("sglang.srt.speculative.ddtree_utils")
         self.decoder = decode.Decoder(self.plan, self.size, ddtree, decode.tree_log_path())
         self.depth = self.plan.depth
+        self.graph_size = decode.graph_size(parsed.values, getattr(parsed, "version", None))
         self.lock = threading.Lock()
         self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "accepted_tokens": 0,
                       "verify_ct": 0, "running": 0, "last_throughput": 0.0, "trees_built": 0,
-                      "steps_by_mode": {}}
+                      "steps_by_mode": {}, "steps_without_graph": 0}
 
     def step_seconds(self, step: decode.Step, faults: dict) -> float:
         slow = float(faults.get("slow_tokens", 1) or 1)
-        return float(self.config["step_seconds"]) * decode.step_cost(step, self.config) * slow
+        with self.lock:
+            running = self.stats["running"]
+        graph = decode.graph_factor(running, self.graph_size, self.config.get("graph_miss_factor", 1.0))
+        if graph != 1.0:
+            with self.lock:
+                self.stats["steps_without_graph"] += 1
+        return float(self.config["step_seconds"]) * decode.step_cost(step, self.config) * slow * graph
 
     def accept_length(self) -> float | None:
         """Tokens per verify step, as sglang's avg_spec_accept_length (accepted + bonus)."""

@@ -114,7 +114,8 @@ class Handler(BaseHTTPRequestHandler):
         # from it; lab tests and operators of the lab do).
         with s.engine.lock:
             counts = {k: s.engine.stats[k] for k in ("verify_ct", "trees_built", "accepted_tokens",
-                                                     "generation_tokens")}
+                                                     "generation_tokens", "steps_without_graph")}
+            counts["graph_size"] = s.engine.graph_size
             counts["steps_by_mode"] = dict(s.engine.stats["steps_by_mode"])
         info["lab_engine"] = {**s.engine.plan.as_dict(), **counts, "imported": list(s.parsed.imported)}
         info.update(ddtree_kernel_info(s.engine.decoder.du))

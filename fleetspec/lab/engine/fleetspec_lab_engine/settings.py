@@ -19,6 +19,7 @@ ENGINE_DEFAULTS = {
     "draft_token_cost": 0.01,  # each drafted position, in step_seconds (same for every algorithm)
     "drain_seconds": 30.0,    # SIGTERM waits at most this long for in-flight requests
     "thin_step_seconds": 0.0,  # the thin stand-in's pace per token (0: it answers at once)
+    "graph_miss_factor": 3.0,  # a step with more requests running than the CUDA graph holds (decode.py)
     "vocab": 64,
 }
 
