@@ -126,7 +126,7 @@ def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes
     upper = host_dir(name) / "upper"
     upper.mkdir(parents=True, exist_ok=True)
     os.chmod(upper, 0o755)  # the upper root's mode becomes the merged root's
-    lowers = image.lowerdirs(profile.version)
+    lowers = image.lowerdirs(profile.version, profile.container)
     _write(upper, lowers, "/etc/hostname", f"{name}\n".encode())
     _write(upper, lowers, "/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {name}\n::1 localhost\n".encode())
     _write(upper, lowers, "/root/.ssh/authorized_keys", client_pub, 0o600)
@@ -205,7 +205,7 @@ def boot(name: str, address: str, profile: profiles.Profile, root: Path | str = 
     for sub in ("work", "merged"):
         (hd / sub).mkdir(parents=True, exist_ok=True)
     network.add_host(name, address)
-    lower = ":".join(str(p) for p in image.lowerdirs(profile.version))
+    lower = ":".join(str(p) for p in image.lowerdirs(profile.version, profile.container))
     opts = f"lowerdir={lower},upperdir={hd / 'upper'},workdir={hd / 'work'}"
     nspawn = ["systemd-nspawn", "-q", "-D", str(hd / "merged"), "-M", name, "--register=no",
               "--keep-unit", "--resolv-conf=off", "--timezone=off", "--link-journal=no",

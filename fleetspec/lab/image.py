@@ -8,6 +8,7 @@ stale one. Builds run in a private mount namespace (`unshare -m`), so a crash le
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shlex
@@ -55,6 +56,50 @@ PACKAGES_RECIPE: dict[str, Any] = {"v": 2, "packages": ["sudo"]}
 DEBS = envs.CACHE / "debs"
 
 
+# Podman for the container hosts (a unit whose ExecStart is `podman run …`), in a layer only
+# those hosts have. The list is what `apt-get install --no-install-recommends podman crun` adds to
+# the base and package layers (Debian 12: podman 4.3.1, crun 1.8.1). Inside an nspawn host: its
+# root is overlayfs and there is no /dev/fuse, so storage is vfs; its cgroups are read-only, so
+# the container gets none (it stays in the unit's cgroup); nspawn's seccomp filter refuses keyctl
+# to the host's services, so no session keyring.
+CONTAINERS_CONF = """\
+# fleetspec lab: podman inside a systemd-nspawn host
+[containers]
+cgroups = "disabled"
+keyring = false
+
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+runtime = "crun"
+"""
+STORAGE_CONF = """\
+# fleetspec lab: the host's root is overlayfs without /dev/fuse
+[storage]
+driver = "vfs"
+runroot = "/run/containers/storage"
+graphroot = "/var/lib/containers/storage"
+"""
+PODMAN_RECIPE: dict[str, Any] = {
+    "v": 1,
+    "packages": ["netbase", "libglib2.0-0", "conmon", "libip6tc2", "libnfnetlink0", "libnetfilter-conntrack3",
+                 "libnftnl11", "iptables", "containernetworking-plugins", "libyajl2", "crun", "libassuan0",
+                 "gpgconf", "libksba8", "libnpth0", "dirmngr", "gnupg-l10n", "gnupg-utils", "gpg",
+                 "pinentry-curses", "gpg-agent", "gpg-wks-client", "gpg-wks-server", "gpgsm", "gnupg",
+                 "golang-github-containers-image", "golang-github-containers-common", "libgpgme11",
+                 "libsubid4", "podman"],
+    "files": {"/etc/containers/containers.conf": CONTAINERS_CONF, "/etc/containers/storage.conf": STORAGE_CONF},
+}
+# The engine's image, imported from a tarball of the host's own root (Debian's python and the
+# version's venv with the engine stand-in): no registry. Its name says the version.
+IMAGE_DIRS = ("bin", "sbin", "lib", "lib64", "usr", "etc", "opt", "root/ml-env")
+IMAGE_RECIPE = {"v": 1, "dirs": IMAGE_DIRS}
+
+
+def image_name(version: str) -> str:
+    return f"localhost/sglang-lab:{version}"
+
+
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -83,8 +128,24 @@ def packages_layer() -> Path:
     return envs.CACHE / "layers" / f"debs-{_digest({'base': base_hash(), **PACKAGES_RECIPE})}"
 
 
-def lowerdirs(version: str) -> list[Path]:
-    """Overlay lower layers for a host running `version`, topmost first."""
+def podman_layer() -> Path:
+    return envs.CACHE / "layers" / f"podman-{_digest({'below': packages_layer().name, **PODMAN_RECIPE})}"
+
+
+def image_layer(version: str) -> Path:
+    """The host's podman store holding `image_name(version)`: it changes with the venv, the engine."""
+    from fleetspec.lab.engine import files as engine_files
+
+    engine = hashlib.sha256(json.dumps({k: v.hex() for k, v in engine_files().items()}, sort_keys=True).encode())
+    return envs.CACHE / "layers" / (f"image-{version}-" + _digest(
+        {"podman": podman_layer().name, "env": env_layer(version).name, "engine": engine.hexdigest(), **IMAGE_RECIPE}))
+
+
+def lowerdirs(version: str, container: bool = False) -> list[Path]:
+    """Overlay lower layers for a host running `version`, topmost first; a container host (its
+    engine runs under podman) has the podman layer and its version's image store too."""
+    if container:
+        return [image_layer(version), podman_layer(), env_layer(version), packages_layer(), base_dir()]
     return [env_layer(version), packages_layer(), base_dir()]
 
 
@@ -93,13 +154,17 @@ def marker(folder: Path) -> Path:
     return folder.with_name(folder.name + ".complete")
 
 
-def ensure(versions, log=print) -> bool:
+def ensure(versions, log=print, container_versions=()) -> bool:
     """Build whatever is missing; return True if anything was built (a cold start)."""
     built = ensure_rootfs(log)
     built = ensure_base(log) or built
     built = ensure_packages(log) or built
-    for version in versions:
+    for version in sorted(set(versions) | set(container_versions)):
         built = ensure_layer(version, log) or built
+    if container_versions:
+        built = ensure_podman(log) or built
+    for version in container_versions:
+        built = ensure_image(version, log) or built
     return built
 
 
@@ -138,11 +203,11 @@ def ensure_packages(log=print) -> bool:
     return True
 
 
-def fetch_debs() -> list[Path]:
+def fetch_debs(packages=None) -> list[Path]:
     """The recipe's .debs under DEBS, fetched with this machine's `apt-get download` when missing."""
     DEBS.mkdir(parents=True, exist_ok=True)
     found = []
-    for name in PACKAGES_RECIPE["packages"]:
+    for name in packages or PACKAGES_RECIPE["packages"]:
         have = sorted(DEBS.glob(f"{name}_*.deb"))
         if not have:
             done = subprocess.run(["apt-get", "download", "-q", name], cwd=DEBS, capture_output=True,
@@ -156,9 +221,11 @@ def fetch_debs() -> list[Path]:
     return found
 
 
-def _build_packages(debs: list[Path]) -> None:
-    """dpkg -i the debs in a chroot of the base; the overlay's upper folder is the layer."""
-    final = packages_layer()
+def _build_packages(debs: list[Path], final: Path | None = None, lowers: list[Path] | None = None,
+                    files: dict[str, str] | None = None) -> None:
+    """dpkg -i the debs in a chroot of the base (or of `lowers`), then write `files` (absolute path
+    -> text); the overlay's upper folder is the layer."""
+    final = final or packages_layer()
     partial, scratch = final.with_name(final.name + ".partial"), final.with_name(final.name + ".scratch")
     for folder in (partial, scratch):
         if folder.exists():
@@ -174,7 +241,10 @@ def _build_packages(debs: list[Path]) -> None:
                             [f"mkdir -m 0700 -- {q(str(merged) + inbox)}",
                              *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names, strict=True))],
                             [f"/usr/bin/dpkg -i {' '.join(map(q, names))}"],
-                            [f"rm -rf -- {q(str(merged) + inbox)}"])
+                            [f"rm -rf -- {q(str(merged) + inbox)}",
+                             *(f"mkdir -p -- {q(str(merged) + str(Path(dest).parent))} && printf %s {q(text)} > "
+                               f"{q(str(merged) + dest)}" for dest, text in (files or {}).items())],
+                            lowers=lowers)
     try:
         subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                        check=True, env=_clean_env(), capture_output=True, text=True)
@@ -186,7 +256,73 @@ def _build_packages(debs: list[Path]) -> None:
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)
-    marker(final).write_text(json.dumps(PACKAGES_RECIPE) + "\n")
+    marker(final).write_text(json.dumps([d.name for d in debs]) + "\n")
+
+
+def ensure_podman(log=print) -> bool:
+    if marker(podman_layer()).exists():
+        return False
+    log(f"building podman layer {podman_layer()}")
+    _build_packages(fetch_debs(PODMAN_RECIPE["packages"]), podman_layer(), [packages_layer(), base_dir()],
+                    PODMAN_RECIPE["files"])
+    return True
+
+
+def ensure_image(version: str, log=print) -> bool:
+    if marker(image_layer(version)).exists():
+        return False
+    log(f"importing {image_name(version)} into {image_layer(version)}")
+    _build_image(version)
+    return True
+
+
+def _build_image(version: str) -> None:
+    """`podman import` of a tarball of the merged root (with the engine stand-in in the venv), run
+    in a chroot of the podman host's layers; the store it writes is the layer."""
+    from fleetspec.lab.engine import files as engine_files
+
+    final = image_layer(version)
+    partial, scratch = final.with_name(final.name + ".partial"), final.with_name(final.name + ".scratch")
+    for folder in (partial, scratch):
+        if folder.exists():
+            shutil.rmtree(folder)
+    partial.mkdir(parents=True)
+    for sub in ("work", "merged", "tmp"):
+        (scratch / sub).mkdir(parents=True)
+    q, merged = shlex.quote, scratch / "merged"
+    site = site_packages(version)
+    # the engine goes into the image's venv, then out of this layer (hosts get their own copy)
+    staged = {f"{merged}{site}/{rel}": data for rel, data in engine_files().items()}
+    tops = sorted({f"{merged}{site}/{rel.split('/')[0]}" for rel in engine_files()})
+    dirs = [d for d in IMAGE_DIRS if any((lo / d).exists() or (lo / d).is_symlink()
+                                          for lo in (env_layer(version), packages_layer(), base_dir()))]
+    tar = f"tar -c -C {q(str(merged))} {' '.join(dirs)}"
+    importer = (f"chroot {q(str(merged))} env TMPDIR=/var/tmp/fleetspec-import podman import "
+                f"--message 'fleetspec lab: sglang {version} with the engine stand-in' - {q(image_name(version))}")
+    script = _chroot_script(partial, scratch / "work", merged, [
+        f"mkdir -p {q(str(merged / 'var/tmp/fleetspec-import'))}",
+        f"mount --bind {q(str(scratch / 'tmp'))} {q(str(merged / 'var/tmp/fleetspec-import'))}",
+        *(f"mkdir -p {q(str(Path(dest).parent))} && base64 -d > {q(dest)} <<'EOF'\n"
+          f"{base64.b64encode(data).decode()}\nEOF" for dest, data in staged.items()),
+    ], [], [
+        f"mount -t tmpfs tmpfs {q(str(merged / 'run'))}",
+        f"mount --rbind /sys {q(str(merged / 'sys'))}",
+        f"{tar} | {importer}",
+        f"rm -rf -- {' '.join(map(q, tops))}",
+        f"umount {q(str(merged / 'var/tmp/fleetspec-import'))}",
+        f"rmdir {q(str(merged / 'var/tmp/fleetspec-import'))}",
+    ], lowers=[podman_layer(), env_layer(version), packages_layer(), base_dir()])
+    try:
+        subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       check=True, env=_clean_env(), capture_output=True, text=True)
+    except subprocess.CalledProcessError as err:
+        last = (err.stderr.strip() or err.stdout.strip() or "no output").splitlines()[-1]
+        raise UserError(f"importing {image_name(version)} into {partial} failed (exit {err.returncode}): {last}") from None
+    shutil.rmtree(scratch)
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    marker(final).write_text(image_name(version) + "\n")
 
 
 def ensure_layer(version: str, log=print) -> bool:
@@ -270,12 +406,13 @@ def _build_env(version: str) -> None:
 
 
 def _chroot_script(upper: Path, work: Path, merged: Path, before: list[str], commands: list[str],
-                   after: tuple[str, ...] | list[str] = ()) -> str:
+                   after: tuple[str, ...] | list[str] = (), lowers: list[Path] | None = None) -> str:
     """A `set -e` script (run under `unshare --mount`) that mounts the base image with `upper` as
     its overlay's upper folder at `merged`, runs `before` on the host side, then `commands` inside
     the chroot (with /proc and /dev), then `after`."""
     q = shlex.quote
-    overlay = q(f"lowerdir={base_dir()},upperdir={upper},workdir={work}")
+    lower = ":".join(str(p) for p in (lowers or [base_dir()]))
+    overlay = q(f"lowerdir={lower},upperdir={upper},workdir={work}")
     return "\n".join([
         "set -e",
         f"mount -t overlay overlay -o {overlay} {q(str(merged))}",

@@ -57,7 +57,8 @@ def up(root: Path, names=DEFAULT_HOSTS, log=print, boot_timeout: float = 60.0) -
     names = list(dict.fromkeys(names))
     chosen = {n: profiles.for_host(n) for n in names}
     with _locked():
-        built = image.ensure(sorted({p.version for p in chosen.values()}), log=log)
+        built = image.ensure(sorted({p.version for p in chosen.values()}), log=log,
+                             container_versions=sorted({p.version for p in chosen.values() if p.container}))
         client = keys.client_key(root)
         network.ensure_bridge()
         addresses, started, reused = {}, [], []
