@@ -210,6 +210,12 @@ def boot(name: str, address: str, profile: profiles.Profile, root: Path | str = 
     nspawn = ["systemd-nspawn", "-q", "-D", str(hd / "merged"), "-M", name, "--register=no",
               "--keep-unit", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
               f"--network-namespace-path=/run/netns/{network.netns(name)}", "-b"]
+    if profile.container:
+        # podman's store on the machine's disk (overlay cannot nest on the host's overlay root), the
+        # lab's image store read-only (image.STORAGE_CONF)
+        (hd / "containers").mkdir(exist_ok=True)
+        nspawn[-1:-1] = [f"--bind={hd / 'containers'}:/var/lib/containers",
+                         f"--bind-ro={image.image_layer(profile.version)}:{image.IMAGE_STORE}"]
     script = (f"mount -t overlay overlay -o {shlex.quote(opts)} {shlex.quote(str(hd / 'merged'))} && "
               f"exec {shlex.join(nspawn)}")
     paths = cgroups.host_paths(name)

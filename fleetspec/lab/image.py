@@ -59,8 +59,12 @@ DEBS = envs.CACHE / "debs"
 # Podman for the container hosts (a unit whose ExecStart is `podman run …`), in a layer only
 # those hosts have. The list is what `apt-get install --no-install-recommends podman crun` adds to
 # the base and package layers (Debian 12: podman 4.3.1, crun 1.8.1). Inside an nspawn host: its
-# root is overlayfs and there is no /dev/fuse, so storage is vfs; its cgroups are read-only, so
-# the container gets none (it stays in the unit's cgroup); nspawn's seccomp filter refuses keyctl
+# root is overlayfs (the kernel's overlay cannot have its upper folder there) and there is no
+# /dev/fuse, so podman's store is a folder of the machine's disk bind-mounted at
+# /var/lib/containers, where the overlay driver works (vfs on the host's root works too, but
+# copies the 2.8 GB image for every container: 14-80 s per start here); the image itself is a
+# read-only store shared by every host (IMAGE_STORE). The host's cgroups are read-only, so the
+# container gets none (it stays in the unit's cgroup); nspawn's seccomp filter refuses keyctl
 # to the host's services, so no session keyring.
 CONTAINERS_CONF = """\
 # fleetspec lab: podman inside a systemd-nspawn host
@@ -73,12 +77,17 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 runtime = "crun"
 """
-STORAGE_CONF = """\
-# fleetspec lab: the host's root is overlayfs without /dev/fuse
+IMAGE_STORE = "/var/lib/fleetspec-images"
+STORAGE_CONF = f"""\
+# fleetspec lab: /var/lib/containers is a bind mount of the machine's disk (the host's root is
+# overlayfs); the lab's images are in a read-only store shared by all hosts
 [storage]
-driver = "vfs"
+driver = "overlay"
 runroot = "/run/containers/storage"
 graphroot = "/var/lib/containers/storage"
+
+[storage.options]
+additionalimagestores = ["{IMAGE_STORE}"]
 """
 PODMAN_RECIPE: dict[str, Any] = {
     "v": 1,
@@ -93,7 +102,7 @@ PODMAN_RECIPE: dict[str, Any] = {
 # The engine's image, imported from a tarball of the host's own root (Debian's python and the
 # version's venv with the engine stand-in): no registry. Its name says the version.
 IMAGE_DIRS = ("bin", "sbin", "lib", "lib64", "usr", "etc", "opt", "root/ml-env")
-IMAGE_RECIPE = {"v": 1, "dirs": IMAGE_DIRS}
+IMAGE_RECIPE = {"v": 2, "dirs": IMAGE_DIRS, "driver": "overlay"}
 
 
 def image_name(version: str) -> str:
@@ -133,7 +142,8 @@ def podman_layer() -> Path:
 
 
 def image_layer(version: str) -> Path:
-    """The host's podman store holding `image_name(version)`: it changes with the venv, the engine."""
+    """A podman store (overlay driver) holding `image_name(version)`, bind-mounted read-only at
+    IMAGE_STORE on container hosts: it changes with the venv and the engine."""
     from fleetspec.lab.engine import files as engine_files
 
     engine = hashlib.sha256(json.dumps({k: v.hex() for k, v in engine_files().items()}, sort_keys=True).encode())
@@ -145,7 +155,7 @@ def lowerdirs(version: str, container: bool = False) -> list[Path]:
     """Overlay lower layers for a host running `version`, topmost first; a container host (its
     engine runs under podman) has the podman layer and its version's image store too."""
     if container:
-        return [image_layer(version), podman_layer(), env_layer(version), packages_layer(), base_dir()]
+        return [podman_layer(), env_layer(version), packages_layer(), base_dir()]
     return [env_layer(version), packages_layer(), base_dir()]
 
 
@@ -278,7 +288,7 @@ def ensure_image(version: str, log=print) -> bool:
 
 def _build_image(version: str) -> None:
     """`podman import` of a tarball of the merged root (with the engine stand-in in the venv), run
-    in a chroot of the podman host's layers; the store it writes is the layer."""
+    in a chroot of the podman host's layers into a store on the machine's disk (the layer)."""
     from fleetspec.lab.engine import files as engine_files
 
     final = image_layer(version)
@@ -287,30 +297,32 @@ def _build_image(version: str) -> None:
         if folder.exists():
             shutil.rmtree(folder)
     partial.mkdir(parents=True)
-    for sub in ("work", "merged", "tmp"):
+    for sub in ("upper", "work", "merged", "tmp"):
         (scratch / sub).mkdir(parents=True)
     q, merged = shlex.quote, scratch / "merged"
     site = site_packages(version)
-    # the engine goes into the image's venv, then out of this layer (hosts get their own copy)
+    # the engine goes into the image's venv (a scratch upper folder: hosts get their own copy)
     staged = {f"{merged}{site}/{rel}": data for rel, data in engine_files().items()}
-    tops = sorted({f"{merged}{site}/{rel.split('/')[0]}" for rel in engine_files()})
     dirs = [d for d in IMAGE_DIRS if any((lo / d).exists() or (lo / d).is_symlink()
                                           for lo in (env_layer(version), packages_layer(), base_dir()))]
     tar = f"tar -c -C {q(str(merged))} {' '.join(dirs)}"
-    importer = (f"chroot {q(str(merged))} env TMPDIR=/var/tmp/fleetspec-import podman import "
+    # the hosts' storage.conf names this store as an extra one: not while it is being written
+    (scratch / "tmp" / "storage.conf").write_text(f'[storage]\ndriver = "overlay"\nrunroot = "/run/fleetspec-import"\n'
+                                                 f'graphroot = "{IMAGE_STORE}"\n')
+    importer = (f"chroot {q(str(merged))} env TMPDIR=/var/tmp/fleetspec-import "
+                "CONTAINERS_STORAGE_CONF=/var/tmp/fleetspec-import/storage.conf podman --storage-driver overlay "
+                f"--root {IMAGE_STORE} --runroot /run/fleetspec-import import "
                 f"--message 'fleetspec lab: sglang {version} with the engine stand-in' - {q(image_name(version))}")
-    script = _chroot_script(partial, scratch / "work", merged, [
-        f"mkdir -p {q(str(merged / 'var/tmp/fleetspec-import'))}",
+    script = _chroot_script(scratch / "upper", scratch / "work", merged, [
+        f"mkdir -p {q(str(merged / 'var/tmp/fleetspec-import'))} {q(str(merged) + IMAGE_STORE)}",
         f"mount --bind {q(str(scratch / 'tmp'))} {q(str(merged / 'var/tmp/fleetspec-import'))}",
+        f"mount --bind {q(str(partial))} {q(str(merged) + IMAGE_STORE)}",
         *(f"mkdir -p {q(str(Path(dest).parent))} && base64 -d > {q(dest)} <<'EOF'\n"
           f"{base64.b64encode(data).decode()}\nEOF" for dest, data in staged.items()),
     ], [], [
         f"mount -t tmpfs tmpfs {q(str(merged / 'run'))}",
         f"mount --rbind /sys {q(str(merged / 'sys'))}",
         f"{tar} | {importer}",
-        f"rm -rf -- {' '.join(map(q, tops))}",
-        f"umount {q(str(merged / 'var/tmp/fleetspec-import'))}",
-        f"rmdir {q(str(merged / 'var/tmp/fleetspec-import'))}",
     ], lowers=[podman_layer(), env_layer(version), packages_layer(), base_dir()])
     try:
         subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -319,6 +331,7 @@ def _build_image(version: str) -> None:
         last = (err.stderr.strip() or err.stdout.strip() or "no output").splitlines()[-1]
         raise UserError(f"importing {image_name(version)} into {partial} failed (exit {err.returncode}): {last}") from None
     shutil.rmtree(scratch)
+    shutil.rmtree(partial / "overlay-containers", ignore_errors=True)
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)
