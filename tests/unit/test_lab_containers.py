@@ -1,0 +1,66 @@
+"""The lab's container hosts (pd<N>): their profile, unit and podman settings, read by the same
+parsers fleetspec uses on a real fleet."""
+
+import shlex
+import tomllib
+
+import pytest
+
+from fleetspec.lab import image, profiles
+from fleetspec.model import container_launch
+from fleetspec.systemd_unit import parse_unit
+
+
+@pytest.mark.parametrize("name,like", [("pd1", "podman"), ("pd42", "podman"), ("pdx", "ct200"), ("ct200", "ct200")])
+def test_pd_names_are_container_hosts(name, like):
+    assert profiles.for_host(name).like == like
+    assert profiles.for_host(name).container is (like == "podman")
+
+
+def test_pd_unit_runs_ct200s_engine_under_podman_run():
+    p = profiles.for_host("pd1")
+    unit = profiles.unit_text(p)
+    line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    argv = shlex.split(line[len("ExecStart="):])
+    run = container_launch.parse_run(argv)
+    assert run.runtime == "podman" and argv[run.image_at] == image.image_name("0.5.23")
+    assert list(run.engine.argv) == profiles.CT200_ARGV     # the engine command is ct200's, byte for byte
+    names = [o.name for o in run.options]
+    assert {"--rm", "--name", "--network", "--ipc", "-v"} <= set(names)
+    # podman 4.3.1 refuses `--shm-size` with `--ipc host` (docker takes it): the lab unit must start
+    assert "--shm-size" not in names
+
+
+def test_pd_unit_removes_a_stale_container_and_stops_with_time_to_drain():
+    unit = parse_unit(profiles.unit_text(profiles.for_host("pd1")))
+    assert unit.values("Service", "ExecStartPre") == [f"-{profiles.PODMAN} rm -f --ignore sglang"]
+    assert unit.values("Service", "ExecStop") == [f"{profiles.PODMAN} stop -t 50 sglang"]
+    assert int(unit.values("Service", "TimeoutStopSec")[0]) > 50     # podman's own timeout fires first
+
+
+def test_only_container_hosts_get_the_podman_layer():
+    assert image.podman_layer() not in image.lowerdirs("0.5.23")
+    assert image.lowerdirs("0.5.23", container=True)[0] == image.podman_layer()
+    assert image.lowerdirs("0.5.23")[1:] == image.lowerdirs("0.5.23", container=True)[2:]
+
+
+def test_podman_settings_that_work_inside_an_nspawn_host():
+    conf = tomllib.loads(image.CONTAINERS_CONF)
+    assert conf["containers"]["cgroups"] == "disabled"      # the host's cgroups are read-only
+    assert conf["containers"]["keyring"] is False           # nspawn's seccomp filter refuses keyctl
+    assert conf["engine"]["cgroup_manager"] == "cgroupfs"
+    storage = tomllib.loads(image.STORAGE_CONF)
+    assert storage["storage"]["driver"] == "overlay"
+    assert storage["storage"]["runroot"] and storage["storage"]["graphroot"] == "/var/lib/containers/storage"
+    assert storage["storage"]["options"]["additionalimagestores"] == [image.IMAGE_STORE]
+    assert image.PODMAN_RECIPE["files"]["/etc/containers/storage.conf"] == image.STORAGE_CONF
+
+
+def test_image_store_name_follows_the_engine_and_the_venv(monkeypatch):
+    before = image.image_layer("0.5.23")
+    from fleetspec.lab import engine
+
+    real = engine.files
+    monkeypatch.setattr(engine, "files", lambda: {**real(), "fleetspec_lab_engine/extra.py": b"x = 1\n"})
+    assert image.image_layer("0.5.23") != before
+    assert image.image_layer("0.5.23").name.startswith("image-0.5.23-")
