@@ -218,3 +218,26 @@ def host_argv(run: ContainerRun, engine_argv: Sequence[str]) -> list[str]:
         raise LaunchRefused(f"`{run.runtime} run --entrypoint`", "the derived command would change the "
                             "entrypoint's words", ADVICE)
     return [*run.head, *engine_argv[skip:]]
+
+
+RELEASE_LABEL = "fleetspec.release"
+
+
+def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: str, root: str,
+                 env: dict[str, str]) -> list[str]:
+    """The host argv that runs a release: every word the operator wrote up to the image kept in
+    place, then, just before the image, `--pull=never` (a deploy or rollback never fetches an image),
+    the release id as a label, fleetspec's root bind-mounted read-only at the same path (so the
+    `current` link and the overlay's links resolve inside as outside) and fleetspec's environment
+    (PYTHONPATH first on the import path); then the derived engine command."""
+    written = {str(v).split("=", 1)[0] for v in run.option("-e", "--env") if v is not None}
+    clash = sorted(written & set(env))
+    if clash:
+        raise LaunchRefused(f"`{run.runtime} run -e {clash[0]}=…`", "fleetspec sets it for the release "
+                            "and would hide the operator's value", "move it into the image or the unit's "
+                            "environment (`-e NAME` without a value passes it through)")
+    tail = host_argv(run, engine_argv)[run.image_at:]
+    added = ["--pull=never", "--label", f"{RELEASE_LABEL}={release_id}", "-v", f"{root}:{root}:ro"]
+    for name, value in env.items():
+        added += ["-e", f"{name}={value}"]
+    return [*run.argv[:run.image_at], *added, *tail]

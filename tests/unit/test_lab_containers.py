@@ -64,3 +64,27 @@ def test_image_store_name_follows_the_engine_and_the_venv(monkeypatch):
     monkeypatch.setattr(engine, "files", lambda: {**real(), "fleetspec_lab_engine/extra.py": b"x = 1\n"})
     assert image.image_layer("0.5.23") != before
     assert image.image_layer("0.5.23").name.startswith("image-0.5.23-")
+
+
+def test_release_run_options_go_just_before_the_image_and_keep_every_operator_word():
+    argv = profiles.PODMAN_ARGV
+    run = container_launch.parse_run(argv)
+    new = container_launch.with_release(run, run.engine.argv, release_id="20261203T2230-ddtree-0a1b2c",
+                                        root="/var/lib/fleetspec", env={"PYTHONPATH": "/var/lib/fleetspec/current/overlay"})
+    image_at = new.index(image.image_name("0.5.23"))
+    assert new[:run.image_at] == list(argv[:run.image_at])           # the operator's words, in place
+    assert new[image_at:] == list(argv[run.image_at:])               # the image and the engine command
+    assert new[run.image_at:image_at] == [
+        "--pull=never", "--label", "fleetspec.release=20261203T2230-ddtree-0a1b2c",
+        "-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro", "-e", "PYTHONPATH=/var/lib/fleetspec/current/overlay"]
+    again = container_launch.parse_run(new)                          # podman's own parser rules
+    assert again.image == image.image_name("0.5.23") and list(again.engine.argv) == list(run.engine.argv)
+    assert again.option("--label") == ["fleetspec.release=20261203T2230-ddtree-0a1b2c"]
+
+
+def test_release_refuses_an_operator_pythonpath_it_would_hide():
+    argv = [*profiles.PODMAN_RUN[:-1], "-e", "PYTHONPATH=/opt/mine", *profiles.PODMAN_ARGV[len(profiles.PODMAN_RUN) - 1:]]
+    run = container_launch.parse_run(argv)
+    with pytest.raises(container_launch.LaunchRefused, match="PYTHONPATH"):
+        container_launch.with_release(run, run.engine.argv, release_id="r", root="/var/lib/fleetspec",
+                                      env={"PYTHONPATH": "/var/lib/fleetspec/current/overlay"})
