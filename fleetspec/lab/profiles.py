@@ -26,7 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from fleetspec.errors import UserError
-from fleetspec.lab import image
+from fleetspec.lab import image, podman_image
 
 SERVICE = "sglang-qwen.service"
 API_PORT = 30000
@@ -60,7 +60,7 @@ PODMAN = "/usr/bin/podman"
 PODMAN_RUN = [
     PODMAN, "run", "--rm", "--name", "sglang", "--network", "host", "--ipc", "host",
     "-v", "/root/models:/root/models:ro", "-v", "/etc/fleetspec-lab:/etc/fleetspec-lab:ro",
-    "-e", "PYTHONUNBUFFERED=1", image.image_name("0.5.23"),
+    "-e", "PYTHONUNBUFFERED=1", podman_image.image_name("0.5.23"),
 ]
 PODMAN_ARGV = PODMAN_RUN + CT200_ARGV
 
@@ -130,6 +130,31 @@ def address(name: str, taken: set[str]) -> str:
     raise UserError("the lab network 10.200.0.0/24 is full")
 
 
+def container_unit(exec_start: str) -> str:
+    """A pd host's unit: a stale container removed first, `podman stop` with SGLang's drain time."""
+    return f"""[Unit]
+Description=SGLang server in a container (Qwen3-8B, DFlash)
+Documentation=https://docs.sglang.ai
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=root
+ExecStartPre=-{PODMAN} rm -f --ignore sglang
+ExecStart={exec_start}
+ExecStop={PODMAN} stop -t 50 sglang
+KillSignal=SIGTERM
+TimeoutStopSec=60
+Restart=on-failure
+RestartSec=5
+LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def unit_text(p: Profile) -> str:
     """The unit as each fleet writes it: ct129's by hand (0.5.13 era), ct200's for 0.5.23."""
     exec_start = shlex.join(p.argv)
@@ -153,27 +178,7 @@ LimitNOFILE=65535
 WantedBy=multi-user.target
 """
     if p.container:
-        return f"""[Unit]
-Description=SGLang server in a container (Qwen3-8B, DFlash)
-Documentation=https://docs.sglang.ai
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-User=root
-ExecStartPre=-{PODMAN} rm -f --ignore sglang
-ExecStart={exec_start}
-ExecStop={PODMAN} stop -t 50 sglang
-KillSignal=SIGTERM
-TimeoutStopSec=60
-Restart=on-failure
-RestartSec=5
-LimitNOFILE=1048576
-
-[Install]
-WantedBy=multi-user.target
-"""
+        return container_unit(exec_start)
     thin = "Environment=FLEETSPEC_LAB_ENGINE=thin\n" if p.like == "thin" else ""
     return f"""[Unit]
 Description=SGLang server (Qwen3-8B, DFlash)

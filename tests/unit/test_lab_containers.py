@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from fleetspec.lab import image, profiles
+from fleetspec.lab import hosts, podman_image, profiles
 from fleetspec.model import container_launch
 from fleetspec.systemd_unit import parse_unit
 
@@ -23,7 +23,7 @@ def test_pd_unit_runs_ct200s_engine_under_podman_run():
     line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
     argv = shlex.split(line[len("ExecStart="):])
     run = container_launch.parse_run(argv)
-    assert run.runtime == "podman" and argv[run.image_at] == image.image_name("0.5.23")
+    assert run.runtime == "podman" and argv[run.image_at] == podman_image.image_name("0.5.23")
     assert list(run.engine.argv) == profiles.CT200_ARGV     # the engine command is ct200's, byte for byte
     names = [o.name for o in run.options]
     assert {"--rm", "--name", "--network", "--ipc", "-v"} <= set(names)
@@ -39,31 +39,31 @@ def test_pd_unit_removes_a_stale_container_and_stops_with_time_to_drain():
 
 
 def test_only_container_hosts_get_the_podman_layer():
-    assert image.podman_layer() not in image.lowerdirs("0.5.23")
-    assert image.lowerdirs("0.5.23", container=True)[0] == image.podman_layer()
-    assert image.lowerdirs("0.5.23")[1:] == image.lowerdirs("0.5.23", container=True)[2:]
+    bare, pod = hosts.lowerdirs(profiles.for_host("ct200")), hosts.lowerdirs(profiles.for_host("pd1"))
+    assert podman_image.podman_layer() not in bare
+    assert pod == [podman_image.podman_layer(), *bare]
 
 
 def test_podman_settings_that_work_inside_an_nspawn_host():
-    conf = tomllib.loads(image.CONTAINERS_CONF)
+    conf = tomllib.loads(podman_image.CONTAINERS_CONF)
     assert conf["containers"]["cgroups"] == "disabled"      # the host's cgroups are read-only
     assert conf["containers"]["keyring"] is False           # nspawn's seccomp filter refuses keyctl
     assert conf["engine"]["cgroup_manager"] == "cgroupfs"
-    storage = tomllib.loads(image.STORAGE_CONF)
+    storage = tomllib.loads(podman_image.STORAGE_CONF)
     assert storage["storage"]["driver"] == "overlay"
     assert storage["storage"]["runroot"] and storage["storage"]["graphroot"] == "/var/lib/containers/storage"
-    assert storage["storage"]["options"]["additionalimagestores"] == [image.IMAGE_STORE]
-    assert image.PODMAN_RECIPE["files"]["/etc/containers/storage.conf"] == image.STORAGE_CONF
+    assert storage["storage"]["options"]["additionalimagestores"] == [podman_image.IMAGE_STORE]
+    assert podman_image.PODMAN_RECIPE["files"]["/etc/containers/storage.conf"] == podman_image.STORAGE_CONF
 
 
 def test_image_store_name_follows_the_engine_and_the_venv(monkeypatch):
-    before = image.image_layer("0.5.23")
+    before = podman_image.image_layer("0.5.23")
     from fleetspec.lab import engine
 
     real = engine.files
     monkeypatch.setattr(engine, "files", lambda: {**real(), "fleetspec_lab_engine/extra.py": b"x = 1\n"})
-    assert image.image_layer("0.5.23") != before
-    assert image.image_layer("0.5.23").name.startswith("image-0.5.23-")
+    assert podman_image.image_layer("0.5.23") != before
+    assert podman_image.image_layer("0.5.23").name.startswith("image-0.5.23-")
 
 
 def test_release_run_options_go_just_before_the_image_and_keep_every_operator_word():
@@ -71,14 +71,14 @@ def test_release_run_options_go_just_before_the_image_and_keep_every_operator_wo
     run = container_launch.parse_run(argv)
     new = container_launch.with_release(run, run.engine.argv, release_id="20261203T2230-ddtree-0a1b2c",
                                         root="/var/lib/fleetspec", env={"PYTHONPATH": "/var/lib/fleetspec/current/overlay"})
-    image_at = new.index(image.image_name("0.5.23"))
+    image_at = new.index(podman_image.image_name("0.5.23"))
     assert new[:run.image_at] == list(argv[:run.image_at])           # the operator's words, in place
     assert new[image_at:] == list(argv[run.image_at:])               # the image and the engine command
     assert new[run.image_at:image_at] == [
         "--pull=never", "--label", "fleetspec.release=20261203T2230-ddtree-0a1b2c",
         "-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro", "-e", "PYTHONPATH=/var/lib/fleetspec/current/overlay"]
     again = container_launch.parse_run(new)                          # podman's own parser rules
-    assert again.image == image.image_name("0.5.23") and list(again.engine.argv) == list(run.engine.argv)
+    assert again.image == podman_image.image_name("0.5.23") and list(again.engine.argv) == list(run.engine.argv)
     assert again.option("--label") == ["fleetspec.release=20261203T2230-ddtree-0a1b2c"]
 
 
