@@ -3,11 +3,13 @@ parsers fleetspec uses on a real fleet."""
 
 import shlex
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from fleetspec.lab import hosts, podman_image, profiles
 from fleetspec.model import container_launch
+from fleetspec.remote.facts import container_inspect
 from fleetspec.systemd_unit import parse_unit
 
 
@@ -88,3 +90,28 @@ def test_release_refuses_an_operator_pythonpath_it_would_hide():
     with pytest.raises(container_launch.LaunchRefused, match="PYTHONPATH"):
         container_launch.with_release(run, run.engine.argv, release_id="r", root="/var/lib/fleetspec",
                                       env={"PYTHONPATH": "/var/lib/fleetspec/current/overlay"})
+
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "containers"
+
+
+def test_inspect_of_the_lab_hosts_running_engine_container():
+    """`container_inspect.command` run on a pd host while its unit ran (README: how captured)."""
+    got = container_inspect.parse((CAPTURES / "podman-4.3.1-lab-running.txt").read_text())
+    assert got.version == "podman version 4.3.1"
+    assert got.image and got.image.digest and got.image.digest.startswith("sha256:")
+    assert got.image.entrypoint == () and got.image.cmd == ()      # `podman import` sets neither
+    c = got.container
+    assert c and (c.name, c.status, c.running, c.restart_count, c.exit_code) == ("sglang", "running", True, 0, 0)
+    assert c.image_id == got.image.id and c.image_name == podman_image.image_name("0.5.23")
+    assert "sglang.launch_server" in c.args and c.health is None
+
+
+def test_inspect_of_an_exited_container_and_of_one_being_removed_by_rm():
+    exited = container_inspect.parse((CAPTURES / "podman-4.3.1-lab-exited.txt").read_text()).container
+    assert exited and (exited.status, exited.running, exited.exit_code) == ("exited", False, 3)
+    assert exited.labels[container_launch.RELEASE_LABEL] == "20261203T223000-ddtree-0a1b2c"
+    # right after `systemctl stop` returned, `--rm`'s clean-up (conmon's exit command) had not run yet
+    stopped = container_inspect.parse((CAPTURES / "podman-4.3.1-lab-stopping.txt").read_text()).container
+    assert stopped and (stopped.name, stopped.status, stopped.running, stopped.exit_code) == ("sglang", "removing",
+                                                                                            False, 0)
