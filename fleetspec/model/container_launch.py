@@ -241,3 +241,32 @@ def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: s
     for name, value in env.items():
         added += ["-e", f"{name}={value}"]
     return [*run.argv[:run.image_at], *added, *tail]
+
+
+# Options a second, short-lived container of the same unit must not repeat: a fixed name, a
+# detached or restarted container, published ports, the healthcheck, files only one may own.
+NOT_FOR_SMOKE = frozenset({"--name", "--rm", "-d", "--detach", "--restart", "-p", "--publish", "-P",
+                           "--publish-all", "--cidfile", "--pidfile", "--conmon-pidfile", "--replace",
+                           "--sdnotify", "-t", "--tty", "-i", "--interactive", "--health-cmd",
+                           "--health-interval", "--health-retries", "--health-start-period",
+                           "--health-timeout", "--health-on-failure", "--label", "-l"})
+
+
+def smoke_argv(run: ContainerRun, release: Sequence[str], python_args: Sequence[str]) -> list[str]:
+    """A container that runs the smoke tests in the unit's image with the unit's mounts, devices,
+    environment, IPC and network (and `release`'s run options, with_release's): `<runtime> run
+    --rm` with the unit's options less NOT_FOR_SMOKE, the engine's python as the entrypoint."""
+    if run.engine.form != "launch_server":
+        raise LaunchRefused(f"`{run.runtime} run … {run.engine.label}`", "the smoke tests need the python "
+                            "that runs the engine", ADVICE)
+    kept = [w for o in run.options if o.name not in NOT_FOR_SMOKE and not _short_cluster_of(o, NOT_FOR_SMOKE)
+            for w in o.tokens]
+    main = [w for o in run.main_options for w in o.tokens]
+    return [run.path, *main, "run", "--rm", *kept, *release, "--entrypoint", run.engine.argv[0],
+            run.image, *python_args]
+
+
+def _short_cluster_of(o: RuntimeOption, names: frozenset[str]) -> bool:
+    """`-it`, `-dit`: a cluster of short flags, any of which is in `names`."""
+    word = o.tokens[0]
+    return word.startswith("-") and not word.startswith("--") and any(f"-{c}" in names for c in word[1:])

@@ -94,3 +94,26 @@ def test_a_container_that_crashes_at_start_fails_the_unit_at_once(pod_fleet):
     finally:
         sh(pod_fleet, host, "rm -f /etc/fleetspec-lab/faults.json; systemctl restart sglang-qwen.service")
     assert ready(pod_fleet, host)
+
+
+def test_smoke_container_sees_the_release_first_and_the_images_sglang(pod_fleet):
+    """with_release's run options and smoke_argv's container, run by the real podman on the host."""
+    import shlex
+
+    from fleetspec.lab import profiles
+    from fleetspec.model import container_launch
+
+    host, root = POD_HOSTS[0], "/var/lib/fleetspec/lab-try"
+    sh(pod_fleet, host, f"mkdir -p {root}/r1/overlay/probe && echo 'WHERE = __file__' > {root}/r1/overlay/probe/__init__.py"
+                        f" && ln -sfn r1 {root}/current")
+    run = container_launch.parse_run(profiles.PODMAN_ARGV)
+    argv = container_launch.with_release(run, run.engine.argv, release_id="r1", root=root,
+                                         env={"PYTHONPATH": f"{root}/current/overlay"})
+    release = argv[run.image_at:argv.index(run.image)]
+    smoke = container_launch.smoke_argv(run, release, ["-c", "import probe, sglang; print(probe.WHERE, sglang.__file__)"])
+    try:
+        out = sh(pod_fleet, host, shlex.join(smoke), timeout=120).split()
+    finally:
+        sh(pod_fleet, host, f"rm -rf {root}")
+    assert out == [f"{root}/current/overlay/probe/__init__.py",
+                   "/opt/sglang/venv/lib/python3.11/site-packages/sglang/__init__.py"]

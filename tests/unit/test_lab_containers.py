@@ -115,3 +115,22 @@ def test_inspect_of_an_exited_container_and_of_one_being_removed_by_rm():
     stopped = container_inspect.parse((CAPTURES / "podman-4.3.1-lab-stopping.txt").read_text()).container
     assert stopped and (stopped.name, stopped.status, stopped.running, stopped.exit_code) == ("sglang", "removing",
                                                                                             False, 0)
+
+
+def test_smoke_container_has_the_units_mounts_and_the_release_but_no_name_or_ports():
+    argv = [*profiles.PODMAN_RUN[:-1], "-dit", "-p", "30000:30000", "--restart=always", "--label", "team=a",
+            "--gpus", "all", *profiles.PODMAN_ARGV[len(profiles.PODMAN_RUN) - 1:]]
+    run = container_launch.parse_run(argv)
+    release = ["--pull=never", "-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro", "-e", "PYTHONPATH=/x/overlay"]
+    smoke = container_launch.smoke_argv(run, release, ["-c", "import sglang"])
+    assert smoke[:3] == [profiles.PODMAN, "run", "--rm"]
+    assert smoke[-4:] == ["/opt/sglang/venv/bin/python3", podman_image.image_name("0.5.23"), "-c", "import sglang"]
+    for word in ("--name", "-dit", "-p", "--restart=always", "team=a"):
+        assert word not in smoke
+    for pair in (["--network", "host"], ["--ipc", "host"], ["-v", "/root/models:/root/models:ro"], ["--gpus", "all"],
+                 ["-e", "PYTHONPATH=/x/overlay"]):
+        assert any(smoke[i:i + 2] == pair for i in range(len(smoke))), pair
+    table = container_launch.load("podman")                         # podman's own parser rules
+    opts, image_at = container_launch.split_options(smoke, 2, {**table.main, **table.run}, "`podman run`")
+    assert smoke[image_at] == podman_image.image_name("0.5.23")
+    assert [o.value for o in opts if o.name == "--entrypoint"] == ["/opt/sglang/venv/bin/python3"]
