@@ -75,6 +75,7 @@ PODMAN_RECIPE: dict[str, Any] = {
 # The engine's image, imported from a tarball of the host's own root (Debian's python and the
 # version's venv with the engine stand-in): no registry. Its name says the version.
 IMAGE_DIRS = ("bin", "sbin", "lib", "lib64", "usr", "etc", "opt", "root/ml-env")
+CONTAINER_VERSIONS = ("0.5.23",)     # the versions a container host runs (profiles: pd<N>)
 IMAGE_RECIPE = {"v": 2, "dirs": IMAGE_DIRS, "driver": "overlay"}
 
 

@@ -1,7 +1,7 @@
 """`python -m fleetspec.lab.prepare`: fill the caches that tests and the lab need, once.
 
 The sglang wheel cache, the lab image (Debian rootfs, base, one layer per sglang version), both
-versions' environments on this machine (tests run the real parsers), the kernels and the patch
+versions' environments on this machine, the container hosts' podman layer and image (tests run the real parsers), the kernels and the patch
 sets (generated from their diffs and the wheels). Every piece is keyed by its recipe, so a warm
 machine does nothing here and prints nothing; a cold one prints one line per stage with its seconds.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from fleetspec.errors import UserError
-from fleetspec.lab import envs, image
+from fleetspec.lab import envs, image, podman_image
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,6 +44,10 @@ def stages() -> list[Lane]:
     ]
     for version in envs.SGLANG_VERSIONS:
         image_lane.append((f"layer sglang {version}", functools.partial(image.ensure_layer, version, _quiet)))
+    # the container hosts' (pd<N>): podman's layer, then the engine's image imported (minutes, cold)
+    image_lane.append(("podman layer", lambda: podman_image.ensure_podman(_quiet)))
+    for version in podman_image.CONTAINER_VERSIONS:
+        image_lane.append((f"image sglang {version}", functools.partial(podman_image.ensure_image, version, _quiet)))
     local_lane: Lane = [
         (f"local env sglang {version}", functools.partial(envs.local_env_built, version)) for version in envs.SGLANG_VERSIONS]
     local_lane.append(("kernels", build_kernels))
