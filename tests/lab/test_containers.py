@@ -54,7 +54,7 @@ def test_the_engine_runs_in_a_container_and_status_reads_it(pod_fleet):
     ps = sh(pod_fleet, host, "podman ps --format '{{.Names}} {{.Image}} {{.Command}}'")
     assert "sglang localhost/sglang-lab:0.5.23" in ps
     # the engine is a child of the unit's own cgroup (cgroups disabled): systemd sees it
-    cgroup = sh(pod_fleet, host, "cat /proc/$(pgrep -f 'sglang.launch_server --model-path' | tail -1)/cgroup")
+    cgroup = sh(pod_fleet, host, "cat /proc/$(pgrep -f '^/opt/sglang/venv/bin/python3 -m sglang.launch_server')/cgroup")
     assert "sglang-qwen.service" in cgroup
     digest = sh(pod_fleet, host, "podman image inspect --format '{{.Digest}}' localhost/sglang-lab:0.5.23").strip()
     r = fs(pod_fleet, "status", host, "--json", check_rc=0)
