@@ -27,7 +27,7 @@ def meta(stand_in: bool = True, **extra) -> dict:
                                 text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    argv = [Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).resolve().is_relative_to(ROOT)
+    argv = [Path(sys.argv[0]).resolve().relative_to(ROOT).as_posix() if Path(sys.argv[0]).resolve().is_relative_to(ROOT)
             else sys.argv[0], *sys.argv[1:]]
     return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit,
             "command": "python3 " + " ".join(argv),

@@ -54,7 +54,7 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
     """
     from fleetspec.model.overrides import parse_overrides
     from fleetspec.model.playbook import load_playbook_for
-    from fleetspec.ops import fleet
+    from fleetspec.ops import drain, fleet
     from fleetspec.ops.smoke_run import smoke_nice
 
     smoke_nice()                          # a bad $FLEETSPEC_SMOKE_NICE is refused before any host is touched
@@ -84,7 +84,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
         outcomes = fleet.deploy_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
                                       strategy=strategy, plan_only=plan_only, mode=mode, run_gates=not no_gates,
                                       echo=progress.echo, progress=progress.line, allow_unhealthy=allow_unhealthy,
-                                      pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
+                                      pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"),
+                                      seats=drain.seats(obj.inv, hosts))
     progress.line(None)
     if as_json:
         for o in outcomes:
@@ -154,6 +155,8 @@ def _print_deploy_summary(outcomes) -> None:
     for o in outcomes:
         figures = ", ".join(f"{k}={v}" for g in o.figures.values() for k, v in (g or {}).items()
                             if isinstance(v, (int, float)))
+        if o.router.get("out_s"):
+            figures = ", ".join(x for x in (figures, f"out of router {o.router['out_s']:.1f}s") if x)
         rows.append([o.host, o.status, o.release or "-", o.failed_step or "-", figures or "-",
                      f"{o.seconds:.1f}s", o.reason or ""])
     echo_table(["host", "outcome", "release", "failed step", "gate figures", "time", "why"], rows)
@@ -181,11 +184,13 @@ def rollback(obj, targets, to, as_json):
     \b
     Example: fleetspec rollback ct129 --to baseline
     """
+    from fleetspec.ops.drain import seats
     from fleetspec.ops.fleet import rollback_fleet
 
     progress = Progress(enabled=not as_json)
-    results, code = rollback_fleet(obj.select(targets, False), to, connect=obj.transport, root=obj.root_path,
-                                   echo=progress.echo, progress=progress.line,
+    hosts = obj.select(targets, False)
+    results, code = rollback_fleet(hosts, to, connect=obj.transport, root=obj.root_path,
+                                   echo=progress.echo, progress=progress.line, seats=seats(obj.inv, hosts),
                                    on_error=lambda err: None if as_json else echo(f"fleetspec: {err}", err=True))
     progress.line(None)
     if as_json:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeGuard
 
-from fleetspec.lab import cgroups, envs, image, network, profiles
+from fleetspec.lab import cgroups, envs, image, network, podman_image, profiles
 from fleetspec.lab.engine import files as engine_files
 
 RUN = Path(os.environ.get("FLEETSPEC_LAB_RUN", "/run/fleetspec-lab"))
@@ -124,12 +124,16 @@ def _write(upper: Path, lowers: list[Path], dest: str, data: bytes, mode: int = 
     os.chmod(target, mode)
 
 
+def lowerdirs(profile: profiles.Profile) -> list[Path]:
+    return podman_image.lowerdirs(profile.version) if profile.container else image.lowerdirs(profile.version)
+
+
 def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes, host_key: Path) -> None:
     """Everything host-specific, laid into the upper folder before the first boot."""
     upper = host_dir(name) / "upper"
     upper.mkdir(parents=True, exist_ok=True)
     os.chmod(upper, 0o755)  # the upper root's mode becomes the merged root's
-    lowers = image.lowerdirs(profile.version)
+    lowers = lowerdirs(profile)
     _write(upper, lowers, "/etc/hostname", f"{name}\n".encode())
     _write(upper, lowers, "/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {name}\n::1 localhost\n".encode())
     _write(upper, lowers, "/root/.ssh/authorized_keys", client_pub, 0o600)
@@ -208,11 +212,17 @@ def boot(name: str, address: str, profile: profiles.Profile, root: Path | str = 
     for sub in ("work", "merged"):
         (hd / sub).mkdir(parents=True, exist_ok=True)
     network.add_host(name, address)
-    lower = ":".join(str(p) for p in image.lowerdirs(profile.version))
+    lower = ":".join(str(p) for p in lowerdirs(profile))
     opts = f"lowerdir={lower},upperdir={hd / 'upper'},workdir={hd / 'work'}"
     nspawn = ["systemd-nspawn", "-q", "-D", str(hd / "merged"), "-M", name, "--register=no",
               "--keep-unit", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
               f"--network-namespace-path=/run/netns/{network.netns(name)}", "-b"]
+    if profile.container:
+        # podman's store on the machine's disk (overlay cannot nest on the host's overlay root), the
+        # lab's image store read-only (podman_image.STORAGE_CONF)
+        (hd / "containers").mkdir(exist_ok=True)
+        nspawn[-1:-1] = [f"--bind={hd / 'containers'}:/var/lib/containers",
+                         f"--bind-ro={podman_image.image_layer(profile.version)}:{podman_image.IMAGE_STORE}"]
     script = (f"mount -t overlay overlay -o {shlex.quote(opts)} {shlex.quote(str(hd / 'merged'))} && "
               f"exec {shlex.join(nspawn)}")
     paths = cgroups.host_paths(name)

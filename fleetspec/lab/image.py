@@ -138,11 +138,11 @@ def ensure_packages(log=print) -> bool:
     return True
 
 
-def fetch_debs() -> list[Path]:
+def fetch_debs(packages=None) -> list[Path]:
     """The recipe's .debs under DEBS, fetched with this machine's `apt-get download` when missing."""
     DEBS.mkdir(parents=True, exist_ok=True)
     found = []
-    for name in PACKAGES_RECIPE["packages"]:
+    for name in packages or PACKAGES_RECIPE["packages"]:
         have = sorted(DEBS.glob(f"{name}_*.deb"))
         if not have:
             done = subprocess.run(["apt-get", "download", "-q", name], cwd=DEBS, capture_output=True,
@@ -156,9 +156,11 @@ def fetch_debs() -> list[Path]:
     return found
 
 
-def _build_packages(debs: list[Path]) -> None:
-    """dpkg -i the debs in a chroot of the base; the overlay's upper folder is the layer."""
-    final = packages_layer()
+def _build_packages(debs: list[Path], final: Path | None = None, lowers: list[Path] | None = None,
+                    files: dict[str, str] | None = None) -> None:
+    """dpkg -i the debs in a chroot of the base (or of `lowers`), then write `files` (absolute path
+    -> text); the overlay's upper folder is the layer."""
+    final = final or packages_layer()
     partial, scratch = final.with_name(final.name + ".partial"), final.with_name(final.name + ".scratch")
     for folder in (partial, scratch):
         if folder.exists():
@@ -174,7 +176,10 @@ def _build_packages(debs: list[Path]) -> None:
                             [f"mkdir -m 0700 -- {q(str(merged) + inbox)}",
                              *(f"cp -- {q(str(d))} {q(str(merged) + n)}" for d, n in zip(debs, names, strict=True))],
                             [f"/usr/bin/dpkg -i {' '.join(map(q, names))}"],
-                            [f"rm -rf -- {q(str(merged) + inbox)}"])
+                            [f"rm -rf -- {q(str(merged) + inbox)}",
+                             *(f"mkdir -p -- {q(str(merged) + str(Path(dest).parent))} && printf %s {q(text)} > "
+                               f"{q(str(merged) + dest)}" for dest, text in (files or {}).items())],
+                            lowers=lowers)
     try:
         subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                        check=True, env=_clean_env(), capture_output=True, text=True)
@@ -186,7 +191,7 @@ def _build_packages(debs: list[Path]) -> None:
     if final.exists():
         shutil.rmtree(final)
     partial.rename(final)
-    marker(final).write_text(json.dumps(PACKAGES_RECIPE) + "\n")
+    marker(final).write_text(json.dumps([d.name for d in debs]) + "\n")
 
 
 def ensure_layer(version: str, log=print) -> bool:
@@ -270,12 +275,13 @@ def _build_env(version: str) -> None:
 
 
 def _chroot_script(upper: Path, work: Path, merged: Path, before: list[str], commands: list[str],
-                   after: tuple[str, ...] | list[str] = ()) -> str:
+                   after: tuple[str, ...] | list[str] = (), lowers: list[Path] | None = None) -> str:
     """A `set -e` script (run under `unshare --mount`) that mounts the base image with `upper` as
     its overlay's upper folder at `merged`, runs `before` on the host side, then `commands` inside
     the chroot (with /proc and /dev), then `after`."""
     q = shlex.quote
-    overlay = q(f"lowerdir={base_dir()},upperdir={upper},workdir={work}")
+    lower = ":".join(str(p) for p in (lowers or [base_dir()]))
+    overlay = q(f"lowerdir={lower},upperdir={upper},workdir={work}")
     return "\n".join([
         "set -e",
         f"mount -t overlay overlay -o {overlay} {q(str(merged))}",

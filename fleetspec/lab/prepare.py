@@ -2,7 +2,8 @@
 
 The sglang wheel cache, the lab image (Debian rootfs, base, one layer per sglang version), both
 versions' environments on this machine (tests run the real parsers), the kernels and the patch
-sets (generated from their diffs and the wheels). Every piece is keyed by its recipe, so a warm
+sets (generated from their diffs and the wheels); with FLEETSPEC_LAB_CONTAINERS=1 also the
+container hosts' podman layer and image. Every piece is keyed by its recipe, so a warm
 machine does nothing here and prints nothing; a cold one prints one line per stage with its seconds.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from fleetspec.errors import UserError
-from fleetspec.lab import envs, image
+from fleetspec.lab import envs, image, podman_image
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,12 +51,25 @@ def stages() -> list[Lane]:
     layer_lanes: list[Lane] = [[("base image (waited for)", _wait_for_base),
                                 (f"layer sglang {v}", functools.partial(image.ensure_layer, v, _quiet))]
                                for v in later_versions]
+    if containers_wanted():
+        # the container hosts' (pd<N>): podman's layer, then the engine's image imported from the
+        # version's layer (minutes, cold), after that layer in its lane
+        lane = next(ln for ln in [image_lane, *layer_lanes] if ln[-1][0] == f"layer sglang {podman_image.CONTAINER_VERSIONS[0]}")
+        lane.append(("podman layer", lambda: podman_image.ensure_podman(_quiet)))
+        for version in podman_image.CONTAINER_VERSIONS:
+            lane.append((f"image sglang {version}", functools.partial(podman_image.ensure_image, version, _quiet)))
     local_lane: Lane = [
         (f"local env sglang {version}", functools.partial(envs.local_env_built, version)) for version in envs.SGLANG_VERSIONS]
     kernel_lane: Lane = [("kernels", build_kernels)]
     if os.environ.get("FLEETSPEC_CUDA_BUILD") == "1":
         kernel_lane.append(("cuda kernels", build_cuda_kernels))
     return [first, image_lane, *layer_lanes, local_lane, kernel_lane]
+
+
+def containers_wanted() -> bool:
+    """The container hosts' podman layer and image (~4 min cold, a 2.8 GB import) are built only
+    when asked: FLEETSPEC_LAB_CONTAINERS=1 (their lab tests run only then too)."""
+    return os.environ.get("FLEETSPEC_LAB_CONTAINERS") == "1"
 
 
 _BASE_DONE = threading.Event()

@@ -12,6 +12,10 @@ trees, so on those DDTREE verifies linearly, as the real worker does.
 FLEETSPEC_LAB_ENGINE=thin, so its engine answers the HTTP routes without importing sglang or torch
 (engine/fleetspec_lab_engine/thin.py). Status, preflight, stage, smoke (real sglang over ssh),
 render, switch, restart and probes all run for real; 32 of them fit on two cores.
+
+`pd<N>` hosts run ct200's engine in a container: the unit's ExecStart is `podman run …` of a
+local image holding the 0.5.23 venv and the stand-in (image.image_name), with the models and the
+lab's engine settings bind-mounted read-only, as operators run SGLang's own images.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from fleetspec.errors import UserError
-from fleetspec.lab import image
+from fleetspec.lab import image, podman_image
 
 SERVICE = "sglang-qwen.service"
 API_PORT = 30000
@@ -50,15 +54,30 @@ CT150_ARGV = (
 ).split()
 
 
+# What `podman run` keeps of the operator's recipe on a pd host (docs/containers.md): host
+# network, the models and the lab's engine settings read-only, a fixed container name.
+PODMAN = "/usr/bin/podman"
+PODMAN_RUN = [
+    PODMAN, "run", "--rm", "--name", "sglang", "--network", "host", "--ipc", "host",
+    "-v", "/root/models:/root/models:ro", "-v", "/etc/fleetspec-lab:/etc/fleetspec-lab:ro",
+    "-e", "PYTHONUNBUFFERED=1", podman_image.image_name("0.5.23"),
+]
+PODMAN_ARGV = PODMAN_RUN + CT200_ARGV
+
+
 @dataclass(frozen=True)
 class Profile:
-    like: str                     # ct129 | ct200 | ct150 | thin
+    like: str                     # ct129 | ct200 | ct150 | thin | podman
     version: str
     argv: list[str]
     model_path: str
     draft_model_path: str
     gpu_count: int
     tags: list[str] = field(default_factory=list)
+
+    @property
+    def container(self) -> bool:
+        return self.like == "podman"
 
     @property
     def venv(self) -> str:
@@ -78,8 +97,11 @@ PROFILES = {
                      "/root/models/Qwen3-8B-DFlash", 1, []),
     "thin": Profile("thin", "0.5.23", CT200_ARGV, "/root/models/Qwen3-8B",
                     "/root/models/Qwen3-8B-DFlash", 1, ["thin"]),
+    "podman": Profile("podman", "0.5.23", PODMAN_ARGV, "/root/models/Qwen3-8B",
+                      "/root/models/Qwen3-8B-DFlash", 1, ["container"]),
 }
 THIN_PREFIX = "tn"   # tn1..tnN; ct-names stay the full stand-in
+PODMAN_PREFIX = "pd"  # pd1..pdN: the engine under `podman run`
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,10}$")
 
@@ -89,6 +111,8 @@ def for_host(name: str) -> Profile:
         raise UserError(f"lab host name {name!r}: use lowercase letters, digits and '-', at most 11 characters")
     if re.fullmatch(THIN_PREFIX + r"\d+", name):
         return PROFILES["thin"]
+    if re.fullmatch(PODMAN_PREFIX + r"\d+", name):
+        return PROFILES["podman"]
     m = re.fullmatch(r"ct(\d+)", name)
     if m and int(m.group(1)) < 150:
         return PROFILES["ct129"]
@@ -104,6 +128,31 @@ def address(name: str, taken: set[str]) -> str:
         if f"10.200.0.{n}" not in taken:
             return f"10.200.0.{n}"
     raise UserError("the lab network 10.200.0.0/24 is full")
+
+
+def container_unit(exec_start: str) -> str:
+    """A pd host's unit: a stale container removed first, `podman stop` with SGLang's drain time."""
+    return f"""[Unit]
+Description=SGLang server in a container (Qwen3-8B, DFlash)
+Documentation=https://docs.sglang.ai
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=root
+ExecStartPre=-{PODMAN} rm -f --ignore sglang
+ExecStart={exec_start}
+ExecStop={PODMAN} stop -t 50 sglang
+KillSignal=SIGTERM
+TimeoutStopSec=60
+Restart=on-failure
+RestartSec=5
+LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def unit_text(p: Profile) -> str:
@@ -128,6 +177,8 @@ LimitNOFILE=65535
 [Install]
 WantedBy=multi-user.target
 """
+    if p.container:
+        return container_unit(exec_start)
     thin = "Environment=FLEETSPEC_LAB_ENGINE=thin\n" if p.like == "thin" else ""
     return f"""[Unit]
 Description=SGLang server (Qwen3-8B, DFlash)

@@ -218,3 +218,55 @@ def host_argv(run: ContainerRun, engine_argv: Sequence[str]) -> list[str]:
         raise LaunchRefused(f"`{run.runtime} run --entrypoint`", "the derived command would change the "
                             "entrypoint's words", ADVICE)
     return [*run.head, *engine_argv[skip:]]
+
+
+RELEASE_LABEL = "fleetspec.release"
+
+
+def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: str, root: str,
+                 env: dict[str, str]) -> list[str]:
+    """The host argv that runs a release: every word the operator wrote up to the image kept in
+    place, then, just before the image, `--pull=never` (a deploy or rollback never fetches an image),
+    the release id as a label, fleetspec's root bind-mounted read-only at the same path (so the
+    `current` link and the overlay's links resolve inside as outside) and fleetspec's environment
+    (PYTHONPATH first on the import path); then the derived engine command."""
+    written = {str(v).split("=", 1)[0] for v in run.option("-e", "--env") if v is not None}
+    clash = sorted(written & set(env))
+    if clash:
+        raise LaunchRefused(f"`{run.runtime} run -e {clash[0]}=…`", "fleetspec sets it for the release "
+                            "and would hide the operator's value", "move it into the image or the unit's "
+                            "environment (`-e NAME` without a value passes it through)")
+    tail = host_argv(run, engine_argv)[run.image_at:]
+    added = ["--pull=never", "--label", f"{RELEASE_LABEL}={release_id}", "-v", f"{root}:{root}:ro"]
+    for name, value in env.items():
+        added += ["-e", f"{name}={value}"]
+    return [*run.argv[:run.image_at], *added, *tail]
+
+
+# Options a second, short-lived container of the same unit must not repeat: a fixed name, a
+# detached or restarted container, published ports, the healthcheck, files only one may own.
+NOT_FOR_SMOKE = frozenset({"--name", "--rm", "-d", "--detach", "--restart", "-p", "--publish", "-P",
+                           "--publish-all", "--cidfile", "--pidfile", "--conmon-pidfile", "--replace",
+                           "--sdnotify", "-t", "--tty", "-i", "--interactive", "--health-cmd",
+                           "--health-interval", "--health-retries", "--health-start-period",
+                           "--health-timeout", "--health-on-failure", "--label", "-l"})
+
+
+def smoke_argv(run: ContainerRun, release: Sequence[str], python_args: Sequence[str]) -> list[str]:
+    """A container that runs the smoke tests in the unit's image with the unit's mounts, devices,
+    environment, IPC and network (and `release`'s run options, with_release's): `<runtime> run
+    --rm` with the unit's options less NOT_FOR_SMOKE, the engine's python as the entrypoint."""
+    if run.engine.form != "launch_server":
+        raise LaunchRefused(f"`{run.runtime} run … {run.engine.label}`", "the smoke tests need the python "
+                            "that runs the engine", ADVICE)
+    kept = [w for o in run.options if o.name not in NOT_FOR_SMOKE and not _short_cluster_of(o, NOT_FOR_SMOKE)
+            for w in o.tokens]
+    main = [w for o in run.main_options for w in o.tokens]
+    return [run.path, *main, "run", "--rm", *kept, *release, "--entrypoint", run.engine.argv[0],
+            run.image, *python_args]
+
+
+def _short_cluster_of(o: RuntimeOption, names: frozenset[str]) -> bool:
+    """`-it`, `-dit`: a cluster of short flags, any of which is in `names`."""
+    word = o.tokens[0]
+    return word.startswith("-") and not word.startswith("--") and any(f"-{c}" in names for c in word[1:])

@@ -92,14 +92,20 @@ def classify_or_refuse(command, where: str) -> launch.LaunchForm | ContainerRun:
     return form
 
 
+def _sets(argv, flag: str) -> bool:
+    return any(w == flag or w.startswith(flag + "=") for w in argv)
+
+
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,
                 version: str, environment: Mapping[str, str], where: str, gpu_mem: float | None = None) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
     speculation-only environment. Refusals name the host and service (exit 2). `gpu_mem`: the
     smallest GPU's memory in MiB (graph sizing), None without GPU facts."""
+    metrics = playbook.bake is not None and not _sets(form.args, "--enable-metrics") and not _sets(
+        flags.argv, "--enable-metrics")
     try:
-        derived = launch.derive(form, table, flags.argv, carry=playbook.launch.carry, drop=playbook.launch.drop,
-                                version=version)
+        derived = launch.derive(form, table, [*flags.argv, *(["--enable-metrics"] if metrics else [])],
+                                carry=playbook.launch.carry, drop=playbook.launch.drop, version=version)
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
     sized = graphsize.size(derived, table, playbook.launch.cuda_graph, where, flags.values, gpu_mem=gpu_mem)
@@ -116,6 +122,8 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags
     dropped = tuple(n for n in spec if n not in kept and n in environment)
     simulated = tuple(n for n in names if launch.SIMULATED.match(n))
     notes = [f"cuda graph: {sized.note}"] if sized.note else []
+    if metrics:
+        notes.append("--enable-metrics added: the playbook's bake reads the engine's own /metrics")
     if derived.dropped:
         notes.append("speculative options dropped: " + " ".join(" ".join(i) for i in derived.dropped))
     if derived.carried:

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from fleetspec.errors import FleetspecError, NeedsAttention
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE, Release, new_release_id
-from fleetspec.ops import activation, gpu_checks, planning, probes, rendering, smoke_run, staging, steps
+from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging, steps
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.container_plan import ContainerPlanned
+from fleetspec.ops.deploy_failure import FailurePath
+from fleetspec.ops.deploy_router import RouterSteps
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
 from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
 from fleetspec.ops.preflight_checks import check_interrupted
@@ -46,7 +48,7 @@ def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = p
     return run.run()
 
 
-class Deploy:
+class Deploy(RouterSteps, FailurePath):
     def __init__(self, t: TransportLike, req: DeployRequest, pf: Preflight, echo: Callable[[str], None] = print,
                  progress: Callable[[str | None], None] = lambda line: None):
         self.t, self.req, self.pf = t, req, pf
@@ -69,6 +71,9 @@ class Deploy:
         self.smoke_error: FleetspecError | None = None
         self.previous: str | None = None   # release id that `current` pointed at before, None = baseline
         self.watch: UnitStream | None = None     # opened by restart, read (and closed) by probes
+        self.router: Any = None                  # ops.drain.HostDrain, when the host joins a router
+        self.bake_spec = getattr(req.playbook, "bake", None)     # the playbook's bake: (model/bake.py)
+        self.bake_scrapes: list[str | None] = []  # the baseline's /metrics at the lock and before the switch
         self.work: dict[str, Callable[[], dict | None]] = {
             "preflight": self._record_preflight, "baseline": self._baseline, "stage": self._stage,
             "render": self._render, "measure": self._measure_before, "smoke": self._smoke, "switch": self._switch,
@@ -86,25 +91,41 @@ class Deploy:
             self.lock = lock
             self.state.lock = lock                  # every step's ledger line checks it is still ours
             self.state.supersede_staged(self.pf.staged_ahead_older if self.reuse_staged else (), self.release_id)
-            *proving, last = steps.order(self.req.playbook.smoke.when)
             try:
+                return self._routed(self._locked)
+            finally:
+                self._router_last_word()
+
+    def _locked(self) -> DeployOutcome:
+        *proving, last = steps.order(self.req.playbook.smoke.when)
+        self._bake_scrape()
+        try:
+            try:
+                for name in proving:
+                    if name == "switch":
+                        self._bake_scrape()
+                        self._take_out()
+                    self.step(name, self.work[name])
+            except StepFailed as failure:
+                self._close_watch()
+                if not self.switched:
+                    self._stop_smoke()
+                    self._mark(L.FAILED, step=failure.step, reason=failure.reason)
+                    if failure.command:
+                        return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
+                                             command=failure.command)
+                    return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
+                return self._revert(failure)
+            self.step(last, self.work[last])      # commit
+            if self.bake_spec is not None:
                 try:
-                    for name in proving:
-                        self.step(name, self.work[name])
+                    self.step("bake", self._bake)
                 except StepFailed as failure:
-                    self._close_watch()
-                    if not self.switched:
-                        self._stop_smoke()
-                        self._mark(L.FAILED, step=failure.step, reason=failure.reason)
-                        if failure.command:
-                            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                                 command=failure.command)
-                        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1)
+                    self._take_out(quiet=True)
                     return self._revert(failure)
-                self.step(last, self.work[last])      # commit
-                planning.prune_and_unlock(self.t, self.state, lock, self.prune_old, note=self.echo)
-            except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
-                return self._lost(err)
+            planning.prune_and_unlock(self.t, self.state, self.lock, self.prune_old, note=self.echo)
+        except FleetspecError as err:      # the host was lost mid-way: even the ledger is out of reach
+            return self._lost(err)
         return self._outcome(Outcome.HEALTHY)
 
     @property
@@ -306,74 +327,6 @@ class Deploy:
         self.prune_old = planning.to_prune(self.state, self.lock.read_text, self.release_id,
                                            self.pf.keep_releases if self.req.prune else 0, protect=[self.previous])
         return {"prune": self.prune_old}     # each one's PRUNED line follows its removal
-
-    # Failure path -----------------------------------------------------------------------------
-    def _revert(self, failure: StepFailed) -> DeployOutcome:
-        """Put the previous good state back, prove it healthy, and say what failed and why; a GPU
-        fault that appeared since the restart is named, and leaves the host needing attention."""
-        gpu = gpu_checks.cause_since(self.t, self.host, self.pf.gpu_health) if self.switched else []
-        if gpu:
-            failure = StepFailed(failure.step, f"{failure.reason}; on the GPUs since the restart: {'; '.join(gpu)}",
-                                 failure.evidence, failure.command)
-        self.echo(f"[{self.host.name}] {failure.step} failed: {failure.reason}")
-        self.echo(f"[{self.host.name}] reverting to {self.previous or BASELINE}")
-        self.state.defer(L.Entry.status(self.release_id, L.FAILED, step=failure.step, reason=failure.reason))
-        began = time.monotonic()   # the FAILED line travels with "revert started", before any change
-        try:
-            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.STARTED,
-                                           to=self.previous or BASELINE))
-            if self.pf.baseline is None:          # the switch comes after the baseline step
-                raise FleetspecError(f"{self.host.name}: no baseline to revert to")
-            result = activation.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
-                                         self.previous, progress=self._progress, also=[self.release_id])
-            self._progress(None)
-        except FleetspecError as err:
-            result = probes.ProbeResult(False, "revert", str(err))
-        except Exception as err:  # noqa: BLE001 - whatever the revert met, it failed: say so, exit 3
-            result = probes.ProbeResult(False, "revert", f"internal error: {type(err).__name__}: {err}")
-        self.step_seconds["revert"] = round(time.monotonic() - began, 3)
-        self.revert_wait = result.waited_s
-        if not result.ok:
-            self.state.record(L.Entry.step(self.release_id, "revert", L.StepState.FAILED, reason=result.reason))
-            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                 reason=f"{failure.step}: {failure.reason}; the revert failed too: {result.reason}",
-                                 command=f"fleetspec rollback {self.host.name}  (or on the host: sh "
-                                         f"{self.state.layout.release(self.release_id)}/rollback.sh)")
-        self.state.defer(L.Entry.step(self.release_id, "revert", L.StepState.OK))
-        self._mark(L.ROLLED_BACK, to=self.previous or BASELINE)
-        if gpu:       # back on the previous state, but on the GPU that just failed: not fine
-            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                 reason=f"{failure.step}: {failure.reason}; reverted to {self.previous or BASELINE}, "
-                                        f"which runs on the same GPUs",
-                                 command=f"ssh {self.host.address} nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER")
-        return self._outcome(Outcome.ROLLED_BACK, failure=failure, exit_code=1)
-
-    def _lost(self, err: FleetspecError) -> DeployOutcome:
-        """The host stopped answering (link cut, sshd gone) so nothing more can be done or recorded.
-        After the switch it may run an unproven release: exit 3 with the command that finishes it."""
-        where = err.charged_step or self.current_step
-        if isinstance(err, LockLost):
-            # Someone else may act on the host now: no revert, no ledger line, nothing more from us.
-            self.echo(f"[{self.host.name}] {err}")
-            failure = StepFailed(where, str(err))
-            if self.switched:
-                return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                     reason=f"{where}: {err}; the host may run {self.release_id} unproven",
-                                     command=f"fleetspec status {self.host.name}  (then, once the lock is free: "
-                                             f"fleetspec rollback {self.host.name})")
-            return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
-                                 reason=f"{where}: {err}; what the service runs was not changed")
-        self.echo(f"[{self.host.name}] lost the host during {where}: {err}")
-        failure = StepFailed(where, f"lost the host: {err}")
-        if self.switched:
-            return self._outcome(Outcome.NEEDS_ATTENTION, failure=failure, exit_code=3,
-                                 reason=f"{where}: lost the host after the switch to {self.release_id}; it may run "
-                                        f"that release unproven: {err}",
-                                 command=f"fleetspec rollback {self.host.name}  (once it answers; or on the host: "
-                                         f"sh {self.state.layout.release(self.release_id)}/rollback.sh)")
-        return self._outcome(Outcome.FAILED, failure=failure, exit_code=1,
-                             reason=f"{where}: lost the host before the switch; what it runs was not changed: {err}",
-                             command=f"fleetspec status {self.host.name}  (once it answers)")
 
     # Output -----------------------------------------------------------------------------------
     def _progress(self, line: str | None) -> None:

@@ -63,7 +63,7 @@ class Strategy:
 
 
 def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_only, run_gates, echo, progress,
-               pause_at=None, mode="release", prestaged=None, allow_unhealthy=False) -> DeployOutcome:
+               pause_at=None, mode="release", prestaged=None, allow_unhealthy=False, seat=None) -> DeployOutcome:
     """One host, start to end; every error becomes an outcome so the fleet goes on. `prestaged`:
     the host's prestage (a future of the release id staged there), waited for first."""
     started: list[Deploy] = []
@@ -71,7 +71,7 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
         release_id = _prestaged_id(host, prestaged, echo)
         req = DeployRequest(host=host, playbook=playbook, root=root, plan_only=plan_only, mode=mode,
                             options=options, run_gates=run_gates, pause_at=pause_at, release_id=release_id,
-                            allow_unhealthy=allow_unhealthy)
+                            allow_unhealthy=allow_unhealthy, seat=seat)
         return deploy(connect(host), req, echo=echo, progress=progress, on_start=started.append)
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
@@ -157,12 +157,15 @@ def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options,
 
 def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, plan_only=False,
                  run_gates=True, echo=print, progress=lambda _: None, pause_at=None,
-                 mode="release", allow_unhealthy=False) -> list[DeployOutcome]:
-    """`connect(host)` gives the host's transport (one per host, reused); `root` is the fleet root."""
+                 mode="release", allow_unhealthy=False, seats=None) -> list[DeployOutcome]:
+    """`connect(host)` gives the host's transport (one per host, reused); `root` is the fleet root;
+    `seats`: {host name: ops.drain.Seat} for the hosts behind a router (each batch is checked
+    against min_serving before anything changes)."""
     outcomes: dict[str, DeployOutcome] = {}
     stop = threading.Event()
     failures = 0
     batches = strategy.batches(hosts)
+    seats = _check_routers(batches, strategy, seats or {}, plan_only)
     pre_pool, prestaged = (None, {}) if plan_only else _start_prestage(
         batches, playbook, connect=connect, root=root, options=options, strategy=strategy, mode=mode, echo=echo)
     for number, batch in enumerate(batches):
@@ -173,7 +176,7 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
         futures = {h.name: pool.submit(deploy_one, h, playbook, connect=connect, root=root, options=options,
                                        plan_only=plan_only, run_gates=run_gates, echo=echo, progress=progress,
                                        pause_at=pause_at, mode=mode, prestaged=prestaged.get(h.name),
-                                       allow_unhealthy=allow_unhealthy)
+                                       allow_unhealthy=allow_unhealthy, seat=seats.get(h.name))
                    for h in batch}
         try:
             for name, fut in futures.items():
@@ -202,8 +205,17 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
             out.release = left
             out.reason += f"; {left} stays staged, unswitched: the next deploy marks it failed, prune removes it"
     if stop.is_set() and strategy.rollback_all_on_abort and not plan_only:
-        _rollback_moved(connect, root, hosts, outcomes, echo, progress)
+        _rollback_moved(connect, root, hosts, outcomes, echo, progress, seats)
     return [outcomes[h.name] for h in hosts]
+
+
+def _check_routers(batches, strategy: Strategy, seats: dict, plan_only: bool) -> dict:
+    """min_serving, for every batch, before anything changes (a refusal is one line, exit 2)."""
+    if seats and not plan_only:
+        from fleetspec.ops.drain import check_batches
+
+        check_batches([b[: strategy.parallel or len(b)] for b in batches], seats)
+    return seats
 
 
 def _left_staged(future) -> str | None:
@@ -212,7 +224,7 @@ def _left_staged(future) -> str | None:
     return future.result()
 
 
-def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progress) -> None:
+def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progress, seats=None) -> None:
     """Each host this run moved goes back to where this run found it (the release it was on, or
     its baseline), not to its baseline: an aborted rollout undoes only itself."""
     from fleetspec.model.release import BASELINE
@@ -224,7 +236,7 @@ def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progres
             continue
         back = None if o.previous in (None, BASELINE) else o.previous
         try:
-            rollback(connect(h), h, root, back, echo=echo, progress=progress)
+            rollback(connect(h), h, root, back, echo=echo, progress=progress, seat=(seats or {}).get(h.name))
             o.status, o.exit_code = "rolled_back", 1
             o.reason = f"rolled back to {back or BASELINE}: the rollout was aborted"
         except FleetspecError as err:
@@ -232,7 +244,8 @@ def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progres
 
 
 def rollback_fleet(hosts, to: str | None, *, connect: Connect, root: Path, echo=print, progress=lambda _: None,
-                   on_error: Callable[[FleetspecError], None] = lambda err: None) -> tuple[list[dict], int]:
+                   on_error: Callable[[FleetspecError], None] = lambda err: None,
+                   seats=None) -> tuple[list[dict], int]:
     """`fleetspec rollback`: each host in turn back to `to` (None or "baseline": its baseline).
     A host that cannot be rolled back is a row of its own and the others still go; returns the
     rows and the exit code (the worst host's)."""
@@ -243,7 +256,7 @@ def rollback_fleet(hosts, to: str | None, *, connect: Connect, root: Path, echo=
     for host in hosts:
         try:
             out = rollback(connect(host), host, root, None if to in (None, BASELINE) else to, echo=echo,
-                           progress=progress)
+                           progress=progress, seat=(seats or {}).get(host.name))
             rows.append(out.to_json())
         except FleetspecError as err:
             code = max(code, err.exit_code)

@@ -97,11 +97,12 @@ def algo_of(release_id: str) -> str:
 
 
 def releases(parsed: L.ParsedLedger) -> list[Release]:
-    """One Release per id in order of first appearance (the `baseline` pseudo-release left out)."""
+    """One Release per id in order of first appearance (the `baseline` pseudo-release and the
+    router's drain lines left out)."""
     out: dict[str, Release] = {}
     open_steps: dict[tuple[str, str], L.Entry] = {}
     for e in parsed.entries:
-        if e.release == "baseline":
+        if e.release == "baseline" or e.kind == L.ROUTER:
             continue
         r = out.get(e.release)
         if r is None:
@@ -140,8 +141,8 @@ def _step_end(r: Release, e: L.Entry, began: L.Entry | None) -> None:
                     else round(e.ts - began.ts, 3) if began is not None else None)
     if detail.get("skipped") is True and e.state == "ok":
         step.state = "skipped"
-    figures = detail.get("figures") if e.name == "gates" else None
-    if e.state == "failed" and e.name == "gates":
+    figures = detail.get("figures") if e.name in ("gates", "bake") else None
+    if e.state == "failed" and e.name in ("gates", "bake"):
         figures = (detail.get("evidence") or {}).get("figures")
     if isinstance(figures, dict):
         r.figures.update(figures)
@@ -181,6 +182,14 @@ def headline(figures: dict) -> list[str]:
         value, ratio = tput.get(f"tok_s_c{c}"), tput.get(f"ratio_c{c}")
         if isinstance(value, (int, float)):
             out.append(f"c{c} {value:g} tok/s" + (f" (x{ratio:.2f} of baseline)" if isinstance(ratio, (int, float)) else ""))
+    bake = figures.get("bake") or {}
+    if bake.get("outcome"):
+        p99, base = bake.get("release_p99_s"), bake.get("baseline_p99_s")
+        out.append(f"bake {bake['outcome']}: {bake.get('release_requests') or 0:g} requests, error rate "
+                   + (f"{bake['release_error_rate']:.3f}" if isinstance(bake.get("release_error_rate"), (int, float))
+                      else "-")
+                   + (f", p99 {p99:.3f}s" if isinstance(p99, (int, float)) else "")
+                   + (f" (baseline {base:.3f}s)" if isinstance(base, (int, float)) else ""))
     par = figures.get("parity") or {}
     if "prompts_compared" in par:
         diff = par.get("first_difference")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from fleetspec.errors import FleetspecError
 from fleetspec.model.inventory import Host
@@ -33,6 +34,7 @@ class DeployRequest:
     pause_at: str | None = None        # test hook: stop (SIGSTOP-able) before this step
     release_id: str | None = None      # a release --prestage staged on the host: used if still as planned
     allow_unhealthy: bool = False      # deploy onto an engine that does not serve (gates off): the operator's choice
+    seat: Any = None                   # ops.drain.Seat: the host's router, taken out around its restart
 
 
 class Outcome(StrEnum):
@@ -64,6 +66,7 @@ class DeployOutcome:
     step_seconds: dict = field(default_factory=dict)
     previous: str | None = None        # what the service ran before this deploy: a release id or "baseline"
     kernel: dict = field(default_factory=dict)   # DDTree candidate path the smoke tests saw, and any note
+    router: dict = field(default_factory=dict)   # its router: name, worker, seconds out, the drain's wait
 
     def to_json(self) -> dict:
         return {k: (v.to_dict() if isinstance(v, Plan) else v) for k, v in self.__dict__.items()}

@@ -51,7 +51,29 @@ def dropin_text(pf: Preflight, release: Release) -> str:
         release=release, rendered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         release_dir=str(pf.layout.release(release.id)), exec_line=systemd_unit.exec_line(release.argv, release.exec_prefix, release.exec_path),
         environment_lines=env_lines, guard=pf.guard, service_escaped=pf.service.removesuffix(".service"),
+        stop_timeout=stop_timeout_for(pf),
     )
+
+
+def context_length(argv: list[str]) -> int | None:
+    """The launch's --context-length (None when it leaves it to the model's config)."""
+    for i, word in enumerate(argv):
+        value = word.split("=", 1)[1] if word.startswith("--context-length=") else (
+            argv[i + 1] if word == "--context-length" and i + 1 < len(argv) else None)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def stop_timeout_for(pf: Preflight) -> int:
+    """TimeoutStopSec for the new launch: the playbook's stop.timeout, else derived from the
+    longest generation its --context-length allows (model/bake.py's stop_timeout)."""
+    from fleetspec.model.bake import stop_timeout
+
+    return stop_timeout(pf.playbook.stop, context_length(list(pf.new_argv)))
 
 
 def rollback_script(pf: Preflight, state: HostState, release: Release, previous_sha256: str) -> str:

@@ -42,7 +42,11 @@ class RollbackOutcome:
         return dict(self.__dict__)
 
 
-def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None) -> RollbackOutcome:
+def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None,
+             seat=None) -> RollbackOutcome:
+    """`seat` (ops.drain.Seat): the host's router; a removal a cut-off command left goes back
+    first, and the worker is out of the router while its engine restarts (unless that would
+    leave fewer than min_serving workers: a rollback is not refused for that)."""
     started = time.monotonic()
     state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host, host.vars.service))
     target = to or BASELINE
@@ -70,12 +74,13 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             last = ledger.last_step(rid)
             echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
+        router = _router(t, host, seat, state, lock, echo)
         state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
         switch_started = time.monotonic()
         switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
-        result = activation.revert_to(t, state, host, root, baseline, None if target == BASELINE else target,
-                                     progress=lambda line: progress(f"[{host.name}] {line}" if line else None),
-                                     also=switched)
+        result = _routed(router, lambda: activation.revert_to(
+            t, state, host, root, baseline, None if target == BASELINE else target, also=switched,
+            progress=lambda line: progress(f"[{host.name}] {line}" if line else None)))
         progress(None)
         if not result.ok:
             state.record(L.Entry.step(record_under, "rollback", L.StepState.FAILED, reason=result.reason))
@@ -94,6 +99,47 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
     return RollbackOutcome(host.name, Outcome.ROLLED_BACK, target, left, interrupted,
                            round(time.monotonic() - started, 2), round(result.waited_s, 2),
                            engine_wait_s_note(switch_started, result))
+
+
+def _routed(router, revert):
+    """The revert while the worker is out of its router: back in once healthy, and back in
+    (listed, whatever its health) when anything went wrong."""
+    try:
+        result = revert()
+        if result.ok and router is not None:
+            router.put_back(healthy=True)
+        return result
+    finally:
+        if router is not None:
+            router.ensure_back()
+
+
+def _router(t, host, seat, state: HostState, lock, echo):
+    """The host's HostDrain with its worker out (None without a router)."""
+    if seat is None:
+        return None
+    from fleetspec.errors import FleetspecError
+    from fleetspec.ops import drain
+
+    router = drain.HostDrain(seat, state.record, drain.engine_in_flight(t, host), echo, host.name)
+    try:
+        router.restore_pending(lock.read_text or "")
+    except FleetspecError as err:      # a rollback goes on: it is what runs while a release misbehaves
+        echo(f"[{host.name}] router {seat.spec.name}: {err}; the restart goes on without the router")
+        return None
+    try:
+        drain.check_min_serving(seat.spec, router.client, [seat.worker])
+    except UserError as err:
+        echo(f"[{host.name}] stays in the router while it restarts: {err}")
+        return router
+    except FleetspecError as err:
+        echo(f"[{host.name}] router {seat.spec.name} not reachable, the restart goes on without it: {err}")
+        return None
+    try:
+        router.take_out()
+    except FleetspecError as err:
+        echo(f"[{host.name}] could not take it out of router {seat.spec.name}, the restart goes on: {err}")
+    return router
 
 
 def engine_wait_s_note(switch_started: float, result) -> str:

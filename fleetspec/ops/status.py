@@ -65,6 +65,7 @@ class HostStatus:
     ready_timeout: float | None = None
     notes: list[str] = field(default_factory=list)
     container: dict[str, Any] | None = None   # a docker/podman run unit: runtime, image, digest, state, restarts
+    drained: dict[str, Any] | None = None     # {router, worker}: out of its router (ops/drain.py)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -184,6 +185,8 @@ def _fill_state(row: HostStatus, state, host: Host):
     elif state is not None and state.prestaged:
         row.notes.append(f"release {state.prestaged} is prestaged, not switched (host unchanged): this host's "
                          "deploy in the rollout uses it; if the rollout stopped, its next deploy marks it failed")
+    if state is not None:
+        _fill_router(row, state, host)
     if lock_note:
         row.notes.append(lock_note)
     if row.drift is None:
@@ -193,6 +196,18 @@ def _fill_state(row: HostStatus, state, host: Host):
         else:
             row.drift = f"{n} files differ" if n else "pristine"
     return state
+
+
+def _fill_router(row: HostStatus, state, host: Host) -> None:
+    """A host baking (a deploy watching its release now) or drained (out of its router)."""
+    last = state.last_entry or {}
+    if state.locked and last.get("name") == "bake" and last.get("state") == "started":
+        row.notes.append(f"baking: release {last.get('release')} is watched on the engine's metrics "
+                         "(a regression reverts it)")
+    if state.drained:
+        row.drained = state.drained
+        row.notes.append(f"drained: {state.drained.get('worker')} is out of router {state.drained.get('router')}"
+                         + ("" if state.locked else f"; the next deploy or rollback of {host.name} puts it back"))
 
 
 def _fill_unit_drift(row: HostStatus, t: TransportLike, host: Host, files) -> None:

@@ -303,3 +303,49 @@ def test_simulated_acceptance_makes_every_gate_inconclusive_and_blocking():
     out = fail_closed_if_simulated(verdicts, ("SGLANG_SIMULATE_ACC_LEN",))
     assert [v.verdict for v in out] == [INCONCLUSIVE] * 3 and all(v.blocks for v in out)
     assert "SGLANG_SIMULATE_ACC_LEN" in out[0].reason
+
+
+def test_rendered_dropin_gives_the_engine_time_to_drain_on_sigterm():
+    """TimeoutStopSec: derived from the launch's --context-length at stop.min_decode_tps (32768 /
+    30 tok/s + 25 s of sglang's SIGTERM polls and scheduler exit), or the playbook's stop.timeout."""
+    import dataclasses
+
+    from fleetspec.model.bake import StopSpec
+    from fleetspec.ops.rendering import dropin_text
+
+    unit = "[Service]\nExecStart=/opt/venv/bin/python -m sglang.launch_server --model-path /m --context-length 32768\n"
+    cmd = systemd_unit.effective_exec_command(unit)
+    f = launch.classify(list(cmd.argv), path=cmd.path, prefix=cmd.flags)
+    d = launch.derive(f, T23, FLAGS)
+    pf, release = _preflight(f, d.argv, {})
+    assert "TimeoutStopSec=1117\n" in dropin_text(pf, release)
+    pf.playbook = dataclasses.replace(pf.playbook, stop=StopSpec(timeout=90))
+    assert "TimeoutStopSec=90\n" in dropin_text(pf, release)
+    no_length = [w for w in d.argv if w not in ("--context-length", "32768")]
+    pf2, release2 = _preflight(f, no_length, {})
+    assert "TimeoutStopSec=600\n" in dropin_text(pf2, release2)
+
+
+def test_a_playbook_with_a_bake_adds_enable_metrics_where_the_baseline_lacks_it():
+    """The bake reads the engine's own /metrics: --enable-metrics joins the new launch (and the
+    plan says so), once, in both sglang versions' real parser tables."""
+    import dataclasses
+    from pathlib import Path
+
+    from fleetspec.model.bake import BakeSpec
+
+    playbook = dataclasses.replace(load_playbook(Path(__file__).parents[2] / "playbooks" / "ddtree.yaml"),
+                                   bake=BakeSpec())
+    for version in ("0.5.13.post1", "0.5.23"):
+        table = launch.load_table(version)
+        plan = argv_ops.plan_launch(form(f"{PY} -m sglang.launch_server --model-path m"), table, Flags(FLAGS),
+                                    playbook, version, {}, "h: s")
+        assert plan.derived.argv.count("--enable-metrics") == 1 and "--enable-metrics" in plan.to_dict()["added"]
+        assert any("--enable-metrics added" in n for n in plan.notes)
+        kept = argv_ops.plan_launch(form(f"{PY} -m sglang.launch_server --model-path m --enable-metrics"), table,
+                                    Flags(FLAGS), playbook, version, {}, "h: s")
+        assert kept.derived.argv.count("--enable-metrics") == 1 and not any("--enable-metrics" in n
+                                                                              for n in kept.notes)
+    plain = argv_ops.plan_launch(form(f"{PY} -m sglang.launch_server --model-path m"), T23, Flags(FLAGS),
+                                 dataclasses.replace(playbook, bake=None), "0.5.23", {}, "h: s")
+    assert "--enable-metrics" not in plain.derived.argv

@@ -11,7 +11,7 @@ from typing import Any
 from fleetspec.model import hostjson
 from fleetspec.model.layout import HostLayout
 
-_KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock", "holder")
+_KEYS = ("exists", "current", "baseline", "ledger", "status", "current_status", "lock", "holder", "router")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,16 @@ class ReleaseState:
     current_status: dict[str, Any] | None = None  # the last status line of the current release
     locked: bool = False                        # a deploy/rollback holds the lock right now
     holder: dict[str, Any] | None = None        # who holds it (lock.holder), when locked
+    last_router: dict[str, Any] | None = None   # the last `"kind": "router"` ledger line (ops/drain.py)
+
+    @property
+    def drained(self) -> dict[str, Any] | None:
+        """{router, worker} of a worker taken out of its router and not put back: a command cut off
+        while the host was drained (or one running now, when locked)."""
+        from fleetspec.model import ledger as L
+
+        entry = self.last_router or {}
+        return dict(entry.get("detail") or {}) if entry.get("state") == L.DRAINED else None
 
     @property
     def interrupted(self) -> str | None:
@@ -94,6 +104,7 @@ def command(service: str) -> str:
             f"rid=$(basename \"$(readlink {cur} 2>/dev/null)\"); printf 'current_status='; "
             f"[ -n \"$rid\" ] && grep -F \"\\\"release\\\":\\\"$rid\\\"\" {led} 2>/dev/null | "
             f"grep -E '\"kind\": ?\"status\"' | tail -n 1; echo; "
+            f"printf 'router='; grep -E '\"kind\": ?\"router\"' {led} 2>/dev/null | tail -n 1; echo; "
             f"if [ -e {lk} ] && ! flock -n {lk} true 2>/dev/null; then echo lock=held; "
             f"printf 'holder='; cat {shlex.quote(str(lay.lock) + '.holder')} 2>/dev/null; echo; else echo lock=free; fi")
 
@@ -109,7 +120,7 @@ def parse(stdout: str, service: str = "") -> ReleaseState:
                         current=PurePosixPath(current).name if current else None,
                         baseline=values.get("baseline") == "yes", last_entry=_json(values.get("ledger")),
                         last_status=_json(values.get("status")), current_status=_json(values.get("current_status")),
-                        locked=values.get("lock") == "held",
+                        locked=values.get("lock") == "held", last_router=_json(values.get("router")),
                         holder=_json(values.get("holder")) if values.get("lock") == "held" else None)
 
 
