@@ -8,7 +8,7 @@ bench/results/ into docs/img/, where the manual's performance page shows them.
 | deploy-steps.png: where a deploy's time goes, step by step, beside the engine's load; failed deploys until healthy again | deploy-steps.json | bench/speed.py --json |
 | vs-ansible.png: fleetspec against Ansible per task, and the overhead beyond the engine's load | vs-ansible.json | bench/vs_ansible.py --json |
 | fleet-size.png: own time and controller CPU against fleet size | fleet-size.json | bench/fleet.py --json |
-| rollout-under-load.png: latency and failed requests over time during a rollout under load | rollout-under-load.json (skipped while absent) | a load bench writing that schema |
+| rollout-under-load.png: failed client requests, latency and time out of the router in a rollout under load, without and with the router | rollout-under-load.json | bench/rollout_under_load.py --json |
 
 A plot whose JSON is absent is skipped and says so. Every picture names its date, its command and,
 for the lab's figures, that they are stand-in engine figures (never a GPU result).
@@ -172,26 +172,40 @@ def fleet_size(doc: dict, path: Path) -> None:
 
 
 def rollout_under_load(doc: dict, path: Path) -> None:
-    """Latency and failed requests over time while a rollout runs under load. The JSON holds
-    `samples` ({t_s, latency_ms, failed}: one per interval) and `events` ({t_s, what}: a host
-    switched, a batch began)."""
+    """The same rolling deploy under constant load, without and with the router integration
+    (bench/rollout_under_load.py): client requests that failed, latency before and during, and
+    each host's time out of the router."""
     import matplotlib.pyplot as plt
 
-    samples, events = doc["samples"], doc.get("events", [])
-    t = [s["t_s"] for s in samples]
-    fig, (top, low) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    top.plot(t, [s["latency_ms"] for s in samples], color=OWN)
-    top.set_ylabel("latency ms")
-    low.bar(t, [s["failed"] for s in samples], width=(t[1] - t[0]) if len(t) > 1 else 1.0, color=BAD)
-    low.set_ylabel("failed requests")
-    low.set_xlabel("seconds from the rollout's start")
-    for e in events:
-        for ax in (top, low):
-            ax.axvline(e["t_s"], color=ENGINE, ls=":")
-        top.annotate(e["what"], (e["t_s"], 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
-                     va="top", ha="right")
-    top.set_title("A rollout under load: latency and failed requests over time", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    runs = doc["runs"]
+    labels = [r["label"].replace("the router integration", "router") for r in runs]
+    fig, (fail, lat, out) = plt.subplots(1, 3, figsize=(11, 3.8))
+    bars = fail.bar(labels, [r["all"]["failed"] for r in runs], color=[BAD if r["all"]["failed"] else OWN for r in runs])
+    fail.bar_label(bars, labels=[f"{r['all']['failed']} of {r['all']['sent']}" for r in runs], fontsize=8)
+    fail.set_title("failed client requests", fontsize=9)
+    x = range(len(runs))
+    width = 0.2
+    for k, (phase, q, color) in enumerate([("before", "p50_s", ENGINE), ("before", "p99_s", SMOKE),
+                                           ("during", "p50_s", OWN), ("during", "p99_s", BAD)]):
+        lat.bar([i + (k - 1.5) * width for i in x], [1000 * r[phase][q] for r in runs], width,
+                label=f"{q[:3]} {phase}", color=color)
+    lat.set_xticks(list(x), labels)
+    lat.set_ylabel("ms")
+    lat.set_title("latency before and during the rollout", fontsize=9)
+    lat.legend(fontsize=7, loc="lower center", ncol=2)
+    hosts = sorted({h for r in runs for h in r["hosts"]})
+    for k, r in enumerate(runs):
+        out.bar([i + (k - 0.5) * 0.35 for i in range(len(hosts))],
+                [r["hosts"].get(h, {}).get("out_of_router_s") or 0.0 for h in hosts], 0.35, label=labels[k],
+                color=(ENGINE, OWN)[k % 2])
+    out.set_xticks(range(len(hosts)), hosts)
+    out.set_ylabel("s")
+    out.set_title("time out of the router, per host", fontsize=9)
+    out.legend(fontsize=7, loc="lower center")
+    for ax in (fail, lat):
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle("A --serial 1 rollout under load (stand-in engine figures)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     _footer(fig, doc["meta"])
     _save(fig, path)
 

@@ -53,17 +53,15 @@ def test_one_command_renders_every_plot_from_the_committed_json(tmp_path):
             assert not png.exists() and f"skipped {name}: no " in r.stdout
 
 
-def test_the_rollout_under_load_hook_draws_once_its_json_is_there(tmp_path):
+def test_the_rollout_under_load_plot_draws_from_what_its_bench_writes(tmp_path):
+    """The schema bench/rollout_under_load.py writes (the committed run), alone in a results
+    folder: that one picture is drawn and the others are skipped."""
     need_matplotlib()
     from bench import plots
 
     results = tmp_path / "results"
     results.mkdir()
-    (results / "rollout-under-load.json").write_text(json.dumps({
-        "meta": {"date": "2026-12-04", "command": "python3 bench/x.py", "stand_in": True},
-        "samples": [{"t_s": t, "latency_ms": 40 + (30 if 10 <= t < 14 else 0), "failed": int(t == 12)}
-                    for t in range(30)],
-        "events": [{"t_s": 10, "what": "ct129 switched"}, {"t_s": 20, "what": "ct200 switched"}]}))
+    (results / "rollout-under-load.json").write_text((RESULTS / "rollout-under-load.json").read_text())
     written, skipped = plots.render(results, tmp_path / "img")
     assert written == [tmp_path / "img" / "rollout-under-load.png"]
     assert written[0].read_bytes()[:8] == PNG
