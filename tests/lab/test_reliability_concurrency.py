@@ -109,14 +109,15 @@ def _release(proc):
 
 
 def test_live_holder_is_never_stolen_and_a_dead_one_never_blocks(rel):
-    from fleetspec.identity import controller_id
+    from fleetspec.identity import controller_id, machine_boot
     from fleetspec.remote.lock import Holder
 
     host = rel.h2
     snap = rel.ensure_baseline(host)
-    sleeper = subprocess.Popen(["sleep", "600"])          # a live "fleetspec" of this controller
+    sleeper = subprocess.Popen(["sleep", "600"])          # a live "fleetspec" of this controller, this boot
     holder = Holder(who="test", machine=socket.gethostname(), pid=sleeper.pid, since=time.time(),
-                    release="20990101T000000Z-ddtree-live", controller=controller_id(), token=secrets.token_hex(16))
+                    release="20990101T000000Z-ddtree-live", controller=controller_id(), token=secrets.token_hex(16),
+                    boot=machine_boot())
     lock = _hold_lock(rel, host, holder)
     try:
         for args in (["rollback", host], ["deploy", host, "--algo", "ddtree", "--yes", "--no-gates"],
