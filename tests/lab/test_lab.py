@@ -11,10 +11,14 @@ import time
 import pytest
 
 from fleetspec.lab import profiles
+from tests.lab.conftest import LAB_HOSTS
 
 pytestmark = pytest.mark.lab
 
 SERVICE = profiles.SERVICE
+# The session's pair (ct129 and ct200 unless FLEETSPEC_LAB_HOSTS names others of the same shapes:
+# a ct<150 host is like ct129, sglang 0.5.13.post1 with NEXTN; any other name like ct200).
+A, B = LAB_HOSTS[0], LAB_HOSTS[1]
 
 
 def http(fleet, host, path, body=None, timeout=60):
@@ -67,12 +71,12 @@ def ct200_clean(lab_fleet):
     the test left it stopped, crashed or hung (one engine load each, not one per test)."""
     from fleetspec.lab import faults
 
-    wait_ready(lab_fleet, "ct200")
+    wait_ready(lab_fleet, B)
     yield lab_fleet
-    faults.clear(lab_fleet.root, "ct200")
-    if http(lab_fleet, "ct200", "/health", timeout=5)[0] != 200 or http(lab_fleet, "ct200", "/ready", timeout=5)[0] != 200:
-        restart(lab_fleet, "ct200")
-        wait_ready(lab_fleet, "ct200")
+    faults.clear(lab_fleet.root, B)
+    if http(lab_fleet, B, "/health", timeout=5)[0] != 200 or http(lab_fleet, B, "/ready", timeout=5)[0] != 200:
+        restart(lab_fleet, B)
+        wait_ready(lab_fleet, B)
 
 
 def test_hosts_answer_over_ssh(lab_fleet):
@@ -81,25 +85,25 @@ def test_hosts_answer_over_ssh(lab_fleet):
         assert r.returncode == 0, r.stderr
         assert r.stdout.decode().split() == [host, "running"]
     inv = lab_fleet.inventory.read_text()
-    assert "10.200.0.129" in inv and "10.200.0.200" in inv
+    assert all(f"address: {address}" in inv for address in lab_fleet.addresses.values()), inv
 
 
 def test_ct129_unit_has_the_operators_execstart(lab_fleet):
-    r = lab_fleet.run("ct129", f"systemctl show -p ExecStart --value {SERVICE}")
+    r = lab_fleet.run(A, f"systemctl show -p ExecStart --value {SERVICE}")
     assert r.returncode == 0
     expected = " ".join(profiles.CT129_ARGV)
     assert f"argv[]={expected} ;" in r.stdout.decode()
-    assert lab_fleet.run("ct129", f"systemctl is-enabled {SERVICE}").stdout.decode().strip() == "enabled"
+    assert lab_fleet.run(A, f"systemctl is-enabled {SERVICE}").stdout.decode().strip() == "enabled"
 
 
 def test_mixed_fleet_versions_and_models(lab_fleet):
-    r129 = lab_fleet.run("ct129", "/root/ml-env/bin/python3 -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'; "
+    r129 = lab_fleet.run(A, "/root/ml-env/bin/python3 -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'; "
                                   "cat /root/models/Qwen3.6-27B/config.json; test -f /root/models/Qwen3.6-27B-DFlash/config.json")
     assert r129.returncode == 0, r129.stderr
     version, _, config = r129.stdout.decode().partition("\n")
     assert version == "0.5.13.post1"
     assert "linear_attention" in json.loads(config)["layer_types"]
-    r200 = lab_fleet.run("ct200", "/opt/sglang/venv/bin/python3 -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'; "
+    r200 = lab_fleet.run(B, "/opt/sglang/venv/bin/python3 -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'; "
                                   "test ! -e /root/ml-env && test -f /root/models/Qwen3-8B-DFlash/config.json")
     assert r200.returncode == 0 and r200.stdout.decode().strip() == "0.5.23"
 
@@ -116,18 +120,18 @@ for f in dist.files:
         bad.append(str(f))
 print(len(bad), bad[:3])
 """
-    r = lab_fleet.run("ct200", f"/opt/sglang/venv/bin/python3 -c {shlex.quote(script)}")
+    r = lab_fleet.run(B, f"/opt/sglang/venv/bin/python3 -c {shlex.quote(script)}")
     assert r.stdout.decode().startswith("0 "), r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("host,algorithm", [("ct129", "EAGLE"), ("ct200", "DFLASH")])
+@pytest.mark.parametrize("host,algorithm", [(A, "EAGLE"), (B, "DFLASH")])
 def test_server_info_resolved_algorithm_and_launch_command(lab_fleet, host, algorithm):
     wait_ready(lab_fleet, host)
     code, text = http(lab_fleet, host, "/server_info")
     assert code == 200
     info = json.loads(text)
     assert info["speculative_algorithm"] == algorithm
-    argv = profiles.PROFILES[host].argv
+    argv = profiles.for_host(host).argv
     assert info["launch_command"] == " ".join(argv[argv.index("sglang.launch_server") + 1:])
     assert "avg_spec_accept_length" in info["internal_states"][0]
     code, _ = http(lab_fleet, host, "/get_server_info")
@@ -139,16 +143,16 @@ def test_server_info_resolved_algorithm_and_launch_command(lab_fleet, host, algo
 
 
 def test_greedy_output_is_the_same_on_both_hosts(lab_fleet):
-    for host in ("ct129", "ct200"):
+    for host in (A, B):
         wait_ready(lab_fleet, host)
-    a, b = generate(lab_fleet, "ct129"), generate(lab_fleet, "ct200")
+    a, b = generate(lab_fleet, A), generate(lab_fleet, B)
     assert a["text"] == b["text"]
     # DFlash (ct200) accepts more per step than NEXTN (ct129)
     assert b["meta_info"]["spec_accept_length"] > a["meta_info"]["spec_accept_length"]
 
 
 def test_unknown_flag_exits_2_with_the_real_parser(lab_fleet):
-    r = lab_fleet.run("ct200", "/opt/sglang/venv/bin/python3 -m sglang.launch_server "
+    r = lab_fleet.run(B, "/opt/sglang/venv/bin/python3 -m sglang.launch_server "
                                "--model-path /root/models/Qwen3-8B --no-such-flag 1", timeout=120)
     assert r.returncode == 2
     assert b"unrecognized arguments: --no-such-flag" in r.stderr
@@ -156,87 +160,87 @@ def test_unknown_flag_exits_2_with_the_real_parser(lab_fleet):
 
 def test_fault_crash_at_start(ct200_clean):
     fleet = ct200_clean
-    set_fault(fleet, "ct200", "crash_at_start")
-    restart(fleet, "ct200")
-    wait_for(lambda: fleet.run("ct200", f"systemctl show -p ExecMainStatus --value {SERVICE}")
+    set_fault(fleet, B, "crash_at_start")
+    restart(fleet, B)
+    wait_for(lambda: fleet.run(B, f"systemctl show -p ExecMainStatus --value {SERVICE}")
              .stdout.decode().strip() == "1", 90, "the service to crash with status 1")
-    assert http(fleet, "ct200", "/health", timeout=5)[0] == 0  # nothing listening
+    assert http(fleet, B, "/health", timeout=5)[0] == 0  # nothing listening
 
 
 def test_fault_hang_at_start(ct200_clean):
     fleet = ct200_clean
-    set_fault(fleet, "ct200", "hang_at_start")
-    restart(fleet, "ct200")
-    wait_for(lambda: b"hang_at_start" in fleet.run("ct200", f"journalctl -u {SERVICE} -n 5 --no-pager").stdout,
+    set_fault(fleet, B, "hang_at_start")
+    restart(fleet, B)
+    wait_for(lambda: b"hang_at_start" in fleet.run(B, f"journalctl -u {SERVICE} -n 5 --no-pager").stdout,
              90, "the hang message")
     time.sleep(1.5)
-    assert fleet.run("ct200", f"systemctl is-active {SERVICE}").stdout.decode().strip() == "active"
-    assert http(fleet, "ct200", "/health", timeout=5)[0] == 0
+    assert fleet.run(B, f"systemctl is-active {SERVICE}").stdout.decode().strip() == "active"
+    assert http(fleet, B, "/health", timeout=5)[0] == 0
 
 
 def test_fault_health_503_after(ct200_clean):
     fleet = ct200_clean
-    assert http(fleet, "ct200", "/health")[0] == 200
-    set_fault(fleet, "ct200", "health_503_after=0.5")
+    assert http(fleet, B, "/health")[0] == 200
+    set_fault(fleet, B, "health_503_after=0.5")
     time.sleep(0.6)
-    assert http(fleet, "ct200", "/health")[0] == 503
-    assert http(fleet, "ct200", "/health_generate")[0] == 503
+    assert http(fleet, B, "/health")[0] == 503
+    assert http(fleet, B, "/health_generate")[0] == 503
 
 
 def test_fault_wrong_algorithm(ct200_clean):
     fleet = ct200_clean
-    set_fault(fleet, "ct200", "wrong_algorithm=EAGLE")
-    assert json.loads(http(fleet, "ct200", "/server_info")[1])["speculative_algorithm"] == "EAGLE"
+    set_fault(fleet, B, "wrong_algorithm=EAGLE")
+    assert json.loads(http(fleet, B, "/server_info")[1])["speculative_algorithm"] == "EAGLE"
 
 
 def test_fault_garbage_output(ct200_clean):
     fleet = ct200_clean
-    good = generate(fleet, "ct200")["text"]
-    set_fault(fleet, "ct200", "garbage_output")
-    assert generate(fleet, "ct200")["text"] != good
+    good = generate(fleet, B)["text"]
+    set_fault(fleet, B, "garbage_output")
+    assert generate(fleet, B)["text"] != good
 
 
 def test_fault_slow_tokens(ct200_clean):
     fleet = ct200_clean
-    fast = generate(fleet, "ct200", n=48)["meta_info"]
-    set_fault(fleet, "ct200", "slow_tokens=4")
-    slow = generate(fleet, "ct200", n=48)["meta_info"]
+    fast = generate(fleet, B, n=48)["meta_info"]
+    set_fault(fleet, B, "slow_tokens=4")
+    slow = generate(fleet, B, n=48)["meta_info"]
     rate = lambda m: m["completion_tokens"] / m["e2e_latency"]  # noqa: E731
     assert rate(fast) / rate(slow) > 2.5
 
 
 def test_fault_slow_load(ct200_clean):
     fleet = ct200_clean
-    set_fault(fleet, "ct200", "slow_load=8")
+    set_fault(fleet, B, "slow_load=8")
     t0 = time.monotonic()
-    restart(fleet, "ct200")
-    wait_ready(fleet, "ct200")
+    restart(fleet, B)
+    wait_ready(fleet, B)
     assert time.monotonic() - t0 >= 8
 
 
 def test_fault_disk_full(ct200_clean):
     fleet = ct200_clean
-    assert fleet.run("ct200", "mkdir -p /var/lib/fleetspec/keep && echo kept > /var/lib/fleetspec/keep/x").returncode == 0
-    set_fault(fleet, "ct200", "disk_full")
-    r = fleet.run("ct200", "head -c 65536 /dev/zero > /var/lib/fleetspec/new")
+    assert fleet.run(B, "mkdir -p /var/lib/fleetspec/keep && echo kept > /var/lib/fleetspec/keep/x").returncode == 0
+    set_fault(fleet, B, "disk_full")
+    r = fleet.run(B, "head -c 65536 /dev/zero > /var/lib/fleetspec/new")
     assert r.returncode != 0 and b"No space left on device" in r.stderr
-    assert fleet.run("ct200", "cat /var/lib/fleetspec/keep/x").stdout == b"kept\n"
+    assert fleet.run(B, "cat /var/lib/fleetspec/keep/x").stdout == b"kept\n"
     from fleetspec.lab import faults
 
-    faults.clear(fleet.root, "ct200")
-    assert fleet.run("ct200", "head -c 65536 /dev/zero > /var/lib/fleetspec/new && cat /var/lib/fleetspec/keep/x"
+    faults.clear(fleet.root, B)
+    assert fleet.run(B, "head -c 65536 /dev/zero > /var/lib/fleetspec/new && cat /var/lib/fleetspec/keep/x"
                      " && rm -rf /var/lib/fleetspec/new /var/lib/fleetspec/keep").stdout == b"kept\n"
 
 
 def test_sigterm_drains_and_exits_0(ct200_clean):
     fleet = ct200_clean
     # A long request in flight while the service stops: it completes, and the exit status is 0.
-    fleet.run("ct200", "nohup curl -s -o /tmp/inflight -d '{\"text\":\"x\",\"sampling_params\":"
+    fleet.run(B, "nohup curl -s -o /tmp/inflight -d '{\"text\":\"x\",\"sampling_params\":"
                        "{\"max_new_tokens\":300,\"temperature\":0}}' http://127.0.0.1:30000/generate "
                        ">/dev/null 2>&1 &")
     time.sleep(0.5)
-    assert fleet.run("ct200", f"systemctl stop {SERVICE}").returncode == 0
-    meta = json.loads(fleet.run("ct200", "cat /tmp/inflight").stdout)["meta_info"]
+    assert fleet.run(B, f"systemctl stop {SERVICE}").returncode == 0
+    meta = json.loads(fleet.run(B, "cat /tmp/inflight").stdout)["meta_info"]
     assert meta["completion_tokens"] == 300
-    status = fleet.run("ct200", f"systemctl show -p ExecMainStatus,Result --value {SERVICE}").stdout.decode().split()
+    status = fleet.run(B, f"systemctl show -p ExecMainStatus,Result --value {SERVICE}").stdout.decode().split()
     assert sorted(status) == ["0", "success"]
