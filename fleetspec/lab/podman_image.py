@@ -153,13 +153,15 @@ def _build_image(version: str) -> None:
     # the hosts' storage.conf names this store as an extra one: not while it is being written
     (scratch / "tmp" / "storage.conf").write_text(f'[storage]\ndriver = "overlay"\nrunroot = "/run/fleetspec-import"\n'
                                                  f'graphroot = "{IMAGE_STORE}"\n')
-    importer = (f"chroot {q(str(merged))} env TMPDIR=/var/tmp/fleetspec-import "
-                "CONTAINERS_STORAGE_CONF=/var/tmp/fleetspec-import/storage.conf podman --storage-driver overlay "
+    # podman's scratch inside the chroot: a root-only folder bound to this build's own scratch,
+    # never a world-writable /tmp or /var/tmp
+    importer = (f"chroot {q(str(merged))} env TMPDIR=/var/lib/fleetspec-import "
+                "CONTAINERS_STORAGE_CONF=/var/lib/fleetspec-import/storage.conf podman --storage-driver overlay "
                 f"--root {IMAGE_STORE} --runroot /run/fleetspec-import import "
                 f"--message 'fleetspec lab: sglang {version} with the engine stand-in' - {q(image_name(version))}")
     script = _chroot_script(scratch / "upper", scratch / "work", merged, [
-        f"mkdir -p {q(str(merged / 'var/tmp/fleetspec-import'))} {q(str(merged) + IMAGE_STORE)}",
-        f"mount --bind {q(str(scratch / 'tmp'))} {q(str(merged / 'var/tmp/fleetspec-import'))}",
+        f"mkdir -p {q(str(merged / 'var/lib/fleetspec-import'))} {q(str(merged) + IMAGE_STORE)}",
+        f"mount --bind {q(str(scratch / 'tmp'))} {q(str(merged / 'var/lib/fleetspec-import'))}",
         f"mount --bind {q(str(partial))} {q(str(merged) + IMAGE_STORE)}",
         *(f"mkdir -p {q(str(Path(dest).parent))} && base64 -d > {q(dest)} <<'EOF'\n"
           f"{base64.b64encode(data).decode()}\nEOF" for dest, data in staged.items()),
