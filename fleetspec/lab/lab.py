@@ -155,6 +155,7 @@ def down(root: Path | None = None, log=print, everything: bool = False, only=Non
             names.update(ns[len(network.NS_PREFIX):] for ns in network.lab_namespaces())
         for name in sorted(names):
             problems += hosts.stop(name)
+            log(f"lab host {name} stopped")
         if not hosts.running():
             problems += _remove_shared_debris()
         if root is not None:

@@ -1,4 +1,4 @@
-"""The lab fleet for end-to-end tests: `lab up` for ct129 + ct200 once per session.
+"""The lab fleet for end-to-end tests: `lab up` for ct129 + ct200 (or FLEETSPEC_LAB_HOSTS) once per session.
 
 `lab_fleet` yields a `LabFleet` (fleet root, inventory path, addresses, a `run(host, script)`
 helper). It tears the lab down at session end unless FLEETSPEC_KEEP_LAB=1. Tests that need it
@@ -21,6 +21,27 @@ LAB_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_HOSTS", "ct129,ct200").split(","
 # Thin hosts (fleetspec/lab/profiles.py: ct200's install and unit, an engine that imports nothing)
 # for tests that need several hosts but no engine; tn1.. are bench/fleet.py's.
 THIN_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_THIN_HOSTS", "tn61,tn62,tn63").split(","))
+
+
+def _fleet_root() -> Path:
+    """The fleet root the session's lab hosts belong to: the checkout, unless FLEETSPEC_LAB_ROOT
+    names a folder for a second lab stream beside the first (scripts/test.sh runs two, on disjoint
+    hosts). That folder becomes a fleet root of its own whose playbooks/ and templates/ are the
+    checkout's, and whose inventory/lab.yaml and .lab/ssh are its own: neither stream's `--all`,
+    keys or `lab down` reach the other's hosts."""
+    named = os.environ.get("FLEETSPEC_LAB_ROOT")
+    if not named:
+        return ROOT
+    path = Path(named).resolve()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for marker in ("playbooks", "templates"):
+        if not (path / marker).is_symlink():
+            (path / marker).symlink_to(ROOT / marker)
+    (path / "inventory").mkdir(exist_ok=True)
+    return path
+
+
+FLEET_ROOT = _fleet_root()
 
 
 def lab_skip_reason() -> str | None:
@@ -54,11 +75,11 @@ def lab_fleet():
         pytest.skip(reason)
     from fleetspec.lab import lab
 
-    result = lab.up(ROOT, LAB_HOSTS, log=lambda m: print(m, flush=True))
-    fleet = LabFleet(ROOT, result.inventory, dict(result.addresses), result.seconds)
+    result = lab.up(FLEET_ROOT, LAB_HOSTS, log=lambda m: print(m, flush=True))
+    fleet = LabFleet(FLEET_ROOT, result.inventory, dict(result.addresses), result.seconds)
     yield fleet
     if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
-        lab.down(ROOT)
+        lab.down(FLEET_ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +90,11 @@ def thin_fleet():
         pytest.skip(reason)
     from fleetspec.lab import lab
 
-    result = lab.up(ROOT, THIN_HOSTS, log=lambda m: print(m, flush=True))
-    fleet = LabFleet(ROOT, result.inventory, dict(result.addresses), result.seconds, THIN_HOSTS)
+    result = lab.up(FLEET_ROOT, THIN_HOSTS, log=lambda m: print(m, flush=True))
+    fleet = LabFleet(FLEET_ROOT, result.inventory, dict(result.addresses), result.seconds, THIN_HOSTS)
     yield fleet
     if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
-        lab.down(ROOT, only=THIN_HOSTS)
+        lab.down(FLEET_ROOT, only=THIN_HOSTS)
 
 
 def pytest_collection_modifyitems(session, config, items):

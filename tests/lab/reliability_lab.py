@@ -25,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.lab.conftest import FLEET_ROOT, ROOT  # the checkout; the fleet root the lab hosts belong to
+
 SERVICE = "sglang-qwen.service"
 UNIT = f"/etc/systemd/system/{SERVICE}"
 DROPIN_DIR = f"/etc/systemd/system/{SERVICE}.d"
@@ -126,10 +127,10 @@ def make_root(path: Path, hosts, *, playbooks: dict | None = None, inventory_var
     entries for those hosts with absolute key paths; `playbooks` maps a file name to a function that
     edits its parsed YAML (or to YAML text); `templates` maps a template name to replacement text."""
     path.mkdir(parents=True, exist_ok=True)
-    lab = yaml.safe_load((ROOT / "inventory" / "lab.yaml").read_text())
+    lab = yaml.safe_load((FLEET_ROOT / "inventory" / "lab.yaml").read_text())
     inv = {"defaults": dict(lab["defaults"]), "groups": {"rel": list(hosts)}, "hosts": {}}
-    inv["defaults"]["ssh_key"] = str(ROOT / ".lab" / "ssh" / "id_ed25519")
-    inv["defaults"]["known_hosts"] = str(ROOT / ".lab" / "ssh" / "known_hosts")
+    inv["defaults"]["ssh_key"] = str(FLEET_ROOT / ".lab" / "ssh" / "id_ed25519")
+    inv["defaults"]["known_hosts"] = str(FLEET_ROOT / ".lab" / "ssh" / "known_hosts")
     inv["defaults"].update(defaults or {})
     for h in hosts:
         entry = json.loads(json.dumps(lab["hosts"][h]))
@@ -287,7 +288,7 @@ def _wait_reachable(host: str, within: float = 30.0) -> None:
     was down: "No route to host") take a moment; the test's next look waits for sshd to answer."""
     import socket
 
-    address = yaml.safe_load((ROOT / "inventory" / "lab.yaml").read_text())["hosts"][host]["address"]
+    address = yaml.safe_load((FLEET_ROOT / "inventory" / "lab.yaml").read_text())["hosts"][host]["address"]
     deadline = time.monotonic() + within
     while True:
         try:
@@ -314,12 +315,12 @@ def slow_link(host: str, rate: str = "256kbit"):
 
 
 def lab_fault(host, *specs):
-    fs(ROOT, "lab", "fault", host, *specs, check_rc=0, timeout=120)
+    fs(FLEET_ROOT, "lab", "fault", host, *specs, check_rc=0, timeout=120)
     count("faults: lab fault " + specs[0].split("=")[0])
 
 
 def clear_faults(host):
-    fs(ROOT, "lab", "fault", host, "--clear", check_rc=0, timeout=120)
+    fs(FLEET_ROOT, "lab", "fault", host, "--clear", check_rc=0, timeout=120)
 
 
 # The session's view of the two hosts -----------------------------------------------------------

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.lab.conftest import ROOT, LabFleet, lab_skip_reason
+from tests.lab.conftest import FLEET_ROOT, LabFleet, lab_skip_reason
 from tests.lab.labtools import fs, json_rows, sh
 
 pytestmark = [pytest.mark.lab]
@@ -37,11 +37,11 @@ def pod_fleet():
                     "~4 min to a cold set-up; docs/guide/containers.md)")
     from fleetspec.lab import lab
 
-    result = lab.up(ROOT, POD_HOSTS, log=lambda m: print(m, flush=True))
-    fleet = LabFleet(ROOT, result.inventory, dict(result.addresses), result.seconds, POD_HOSTS)
+    result = lab.up(FLEET_ROOT, POD_HOSTS, log=lambda m: print(m, flush=True))
+    fleet = LabFleet(FLEET_ROOT, result.inventory, dict(result.addresses), result.seconds, POD_HOSTS)
     yield fleet
     if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
-        lab.down(ROOT, only=POD_HOSTS)
+        lab.down(FLEET_ROOT, only=POD_HOSTS)
 
 
 def ready(fleet, host, timeout=120.0) -> bool:

@@ -42,7 +42,7 @@ def _known_hosts_root(rel, tmp_path, lines: str):
 def test_changed_host_key_is_refused(rel, tmp_path):
     host = rel.h1
     snap = rel.ensure_baseline(host)
-    real = (R.ROOT / ".lab" / "ssh" / "known_hosts").read_text()
+    real = (R.FLEET_ROOT / ".lab" / "ssh" / "known_hosts").read_text()
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     fake_pub = other.with_suffix(".pub").read_text().split()
@@ -65,7 +65,7 @@ def test_changed_host_key_is_refused(rel, tmp_path):
 def test_unknown_host_key_refused_by_default_and_recorded_only_when_asked(rel, tmp_path):
     host = rel.h1
     address = rel.fleet.addresses[host]
-    real = (R.ROOT / ".lab" / "ssh" / "known_hosts").read_text()
+    real = (R.FLEET_ROOT / ".lab" / "ssh" / "known_hosts").read_text()
     without = "".join(line + "\n" for line in real.splitlines() if not _names(line, address))
     root, kh = _known_hosts_root(rel, tmp_path, without)
     R.count("faults: host key unknown")
