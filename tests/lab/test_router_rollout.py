@@ -1,6 +1,7 @@
 """Rolling out behind the real sglang-router 0.3.2 (on the controller's 127.0.0.1, in front of the
-thin lab hosts' engines) under a bounded closed-loop load: no client request fails, and a worker
-left out by a killed fleetspec is shown by `status` and put back by the next command."""
+thin lab hosts' engines) under a bounded closed-loop load: no client request fails, a worker
+left out by a killed fleetspec is shown by `status` and put back by the next command, and a
+release that degrades after commit is caught by the bake, reverted, and the rollout stopped."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -110,3 +112,61 @@ def test_a_failed_canary_under_load_is_reverted_and_back_with_no_failed_request(
     assert rows[other]["status"] == "skipped", rows
     assert summary(load.answers)["failed"] == 0, summary(load.answers)
     assert routed.router.all_healthy()
+
+
+BAKE = "bake: {duration: 8, interval: 0.5, max_error_rate: 0.05, min_requests: 5}\n"
+
+
+def baking_root(r, folder: Path) -> Path:
+    """A fleet root beside the lab's: the router inventory, the same templates and playbooks, except
+    that ddtree's watches the release after commit (a short `bake:`)."""
+    src = r.fleet.root
+    for name in ("inventory", "playbooks"):
+        (folder / name).mkdir()
+    (folder / "templates").symlink_to(src / "templates")
+    (folder / ".lab").symlink_to(src / ".lab")            # the inventory's keys are ../.lab/ssh/…
+    (folder / "inventory" / "lab.yaml").write_bytes(Path(r.inv).read_bytes())
+    for p in (src / "playbooks").iterdir():
+        if p.name != "ddtree.yaml":
+            (folder / "playbooks" / p.name).symlink_to(p)
+    (folder / "playbooks" / "ddtree.yaml").write_text((src / "playbooks" / "ddtree.yaml").read_text() + BAKE)
+    return folder
+
+
+def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_reverted_and_the_rollout_stopped(
+        routed, tmp_path):
+    """The new release answers its probes, then fails every request after its 10th (the fault bites
+    only DDTREE): the first host's bake sees the errors on the engine's own /metrics, the host goes
+    back to its baseline, healthy and in the router, and the second host is never touched."""
+    first, second = routed.hosts[0], routed.hosts[2]
+    for h in (first, second):                                # both on their baselines, which the fault spares
+        if routed.fleet.run(h, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode == 0:
+            run(routed, "rollback", h, check_rc=0)
+    untouched = "sha256sum /etc/systemd/system/sglang-qwen.service; ls -R /etc/systemd/system/sglang-qwen.service.d " \
+                "2>/dev/null; readlink /var/lib/fleetspec/sglang-qwen/current; systemctl show -p ActiveEnterTimestamp " \
+                "sglang-qwen"
+    before = routed.fleet.run(second, untouched).stdout
+    root = baking_root(routed, tmp_path)
+    fs(routed.fleet, "lab", "fault", first, "fail_requests_after=10", "only_algorithm=DDTREE", check_rc=0)
+    try:
+        with Load(routed.router.url, clients=4, seconds=90, max_new_tokens=8) as load:
+            load.wait_for(20)
+            out = subprocess.run([sys.executable, "-m", "fleetspec", "--root", str(root), "-i",
+                                  str(root / "inventory" / "lab.yaml"), "deploy", first, second, "--algo", "ddtree",
+                                  "--serial", "1", "--max-fail", "0", "--yes", "--no-gates", "--json"],
+                                 capture_output=True, text=True, timeout=150)
+    finally:
+        fs(routed.fleet, "lab", "fault", first, "--clear", check_rc=0)
+    rows = {r["host"]: r for r in json_rows(out.stdout)}
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    row = rows[first]
+    assert row["status"] == "rolled_back" and row["failed_step"] == "bake", row
+    bake = row["figures"]["bake"]
+    assert bake["outcome"] == "fail" and bake["release_error_rate"] > 0.05 and "max_error_rate" in row["reason"], bake
+    assert rows[second]["status"] == "skipped", rows
+    assert routed.fleet.run(first, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode != 0
+    assert routed.fleet.run(second, untouched).stdout == before
+    assert routed.router.all_healthy()
+    assert routed.router.client.find(routed.workers[first]).healthy
+    shown = run(routed, "history", first, env={"COLUMNS": "250"}).stdout
+    assert "bake fail:" in shown, shown
