@@ -70,14 +70,14 @@ def test_a_killed_fleetspec_leaves_its_worker_drained_and_the_next_command_puts_
     worker = routed.workers[host]
     cmd = [sys.executable, "-m", "fleetspec", "--root", str(routed.fleet.root), "-i", routed.inv, "deploy", host,
            "--algo", "ddtree", "--yes", "--no-gates"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "FLEETSPEC_PAUSE_AT": "switch"})
     try:
         deadline, said = time.monotonic() + 90, ""
         while "FLEETSPEC-PAUSED switch" not in said:
             assert proc.poll() is None and time.monotonic() < deadline, said
-            if select.select([proc.stdout], [], [], 1)[0]:
-                said += proc.stdout.readline()
+            if select.select([proc.stdout], [], [], 1)[0]:      # the fd, unbuffered: readline() could keep
+                said += os.read(proc.stdout.fileno(), 65536).decode(errors="replace")  # the last line unseen
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -139,8 +139,9 @@ def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_reverted_and
     only DDTREE): the first host's bake sees the errors on the engine's own /metrics, the host goes
     back to its baseline, healthy and in the router, and the second host is never touched."""
     first, second = routed.hosts[0], routed.hosts[2]
-    for h in (first, second):                                # both on their baselines, which the fault spares
-        if routed.fleet.run(h, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode == 0:
+    for h in (first, second):      # on their baselines (which the fault spares) and in the router
+        if (routed.fleet.run(h, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode == 0
+                or routed.router.client.find(routed.workers[h]) is None):
             run(routed, "rollback", h, check_rc=0)
     untouched = "sha256sum /etc/systemd/system/sglang-qwen.service; ls -R /etc/systemd/system/sglang-qwen.service.d " \
                 "2>/dev/null; readlink /var/lib/fleetspec/sglang-qwen/current; systemctl show -p ActiveEnterTimestamp " \
