@@ -114,7 +114,11 @@ def test_a_failed_canary_under_load_is_reverted_and_back_with_no_failed_request(
     assert routed.router.all_healthy()
 
 
-BAKE = "bake: {duration: 8, interval: 0.5, max_error_rate: 0.05, min_requests: 5}\n"
+# sglang-router 0.3.2's circuit breaker sends a worker nothing more after 10 failures: the release
+# fails only after FAIL_AFTER requests (~5 s at the stand-in's rate), so those failures come after
+# the bake's first scrape of the release, whose own traffic before it is a second or two.
+FAIL_AFTER = 150
+BAKE = "bake: {duration: 20, interval: 0.5, max_error_rate: 0.01, min_requests: 5}\n"
 
 
 def baking_root(r, folder: Path) -> Path:
@@ -135,8 +139,8 @@ def baking_root(r, folder: Path) -> Path:
 
 def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_reverted_and_the_rollout_stopped(
         routed, tmp_path):
-    """The new release answers its probes, then fails every request after its 10th (the fault bites
-    only DDTREE): the first host's bake sees the errors on the engine's own /metrics, the host goes
+    """The new release answers its probes, then fails every request after its FAIL_AFTER-th (the
+    fault bites only DDTREE): the first host's bake sees the errors on the engine's own /metrics, the host goes
     back to its baseline, healthy and in the router, and the second host is never touched."""
     first, second = routed.hosts[0], routed.hosts[2]
     for h in (first, second):      # on their baselines (which the fault spares) and in the router
@@ -148,7 +152,7 @@ def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_reverted_and
                 "sglang-qwen"
     before = routed.fleet.run(second, untouched).stdout
     root = baking_root(routed, tmp_path)
-    fs(routed.fleet, "lab", "fault", first, "fail_requests_after=10", "only_algorithm=DDTREE", check_rc=0)
+    fs(routed.fleet, "lab", "fault", first, f"fail_requests_after={FAIL_AFTER}", "only_algorithm=DDTREE", check_rc=0)
     try:
         with Load(routed.router.url, clients=4, seconds=90, max_new_tokens=8) as load:
             load.wait_for(20)
@@ -163,7 +167,7 @@ def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_reverted_and
     row = rows[first]
     assert row["status"] == "rolled_back" and row["failed_step"] == "bake", row
     bake = row["figures"]["bake"]
-    assert bake["outcome"] == "fail" and bake["release_error_rate"] > 0.05 and "max_error_rate" in row["reason"], bake
+    assert bake["outcome"] == "fail" and bake["release_error_rate"] > 0.01 and "max_error_rate" in row["reason"], bake
     assert rows[second]["status"] == "skipped", rows
     assert routed.fleet.run(first, "readlink /var/lib/fleetspec/sglang-qwen/current").returncode != 0
     assert routed.fleet.run(second, untouched).stdout == before
