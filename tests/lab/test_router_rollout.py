@@ -165,6 +165,8 @@ def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_reverted_and
     rows = {r["host"]: r for r in json_rows(out.stdout)}
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     row = rows[first]
+    print(f"bake (stand-in engine figures): {row['figures'].get('bake')}; steps {row['step_seconds']}; "
+          f"clients {summary(load.answers)}")
     assert row["status"] == "rolled_back" and row["failed_step"] == "bake", row
     bake = row["figures"]["bake"]
     assert bake["outcome"] == "fail" and bake["release_error_rate"] > 0.01 and "max_error_rate" in row["reason"], bake
