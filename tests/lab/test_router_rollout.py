@@ -115,9 +115,9 @@ def test_a_failed_canary_under_load_is_reverted_and_back_with_no_failed_request(
 
 
 # sglang-router 0.3.2's circuit breaker sends a worker nothing more after 10 failures: the release
-# fails only after FAIL_AFTER requests (~5 s at the stand-in's rate), so those failures come after
+# fails only after FAIL_AFTER requests (~4 s at the stand-in's rate), so those failures come after
 # the bake's first scrape of the release, whose own traffic before it is a second or two.
-FAIL_AFTER = 150
+FAIL_AFTER = 60
 BAKE = "bake: {duration: 20, interval: 0.5, max_error_rate: 0.01, min_requests: 5}\n"
 
 
