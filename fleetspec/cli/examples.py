@@ -52,6 +52,8 @@ FAULT_HELP = {
     "garbage_output": "/generate returns tokens unrelated to the prompt",
     "slow_tokens": "=F: generation runs F times slower (F >= 1)",
     "disk_full": "writes under /var/lib/fleetspec fail with ENOSPC",
+    "fail_requests_after": "=N: /generate answers 500 once the engine has served N requests (a release that "
+                           "degrades after commit; /health stays 200)",
     "only_algorithm": "=NAME: a modifier: the other faults bite only an engine serving NAME",
 }
 

@@ -1,7 +1,8 @@
 """A deploy behind the real sglang-router 0.3.2: the host's worker leaves the router before the
 switch and comes back healthy after commit or after the revert; a removal a killed command left is
 shown by status and put back by the next deploy; min_serving refuses a rollout before anything
-changes. The router, the engines (the lab's thin stand-in), the ssh link and the ledger are real;
+changes; `rollback` puts back a removal a killed command left and restarts the engine out of
+the router. The router, the engines (the lab's thin stand-in), the ssh link and the ledger are real;
 the deploy's own steps are stood in for (the lab drives them for real)."""
 
 from __future__ import annotations
@@ -232,3 +233,69 @@ def test_a_release_that_degrades_after_commit_is_caught_by_the_bake_and_reverted
     parsed = _ledger(link, tmp_path)
     assert parsed.drained() is None
     assert parsed.releases()[d.release_id] == "rolled_back"
+
+
+def _rollback(link, tmp_path, engine, seat, monkeypatch, seen: dict, lines: list[str]):
+    """ops.rollback.rollback on the loopback host whose engine is `engine`, from a baseline whose
+    unit file is a real file there; the revert restarts the engine."""
+    from fleetspec.ops import rollback as rollback_op
+    from fleetspec.ops.hoststate import HostState
+
+    host = dataclasses.replace(link.host, vars=dataclasses.replace(link.host.vars, api_port=engine.port,
+                                                                   service="svc.service"))
+    monkeypatch.setattr(rollback_op, "HostState",
+                        lambda *a, **k: HostState(*a, **k, root=PurePosixPath(str(tmp_path / "state"))))
+    unit = tmp_path / "svc.service"
+    unit.write_bytes(UNIT)
+    state = HostState(link, host.name, "svc.service", root=PurePosixPath(str(tmp_path / "state")))
+    state.write_baseline(Baseline(service="svc.service", unit_path=str(unit), unit_bytes=UNIT, dropins={},
+                                  exec_argv=[], environment={}, sglang={}, served_algorithm=None,
+                                  declared_algorithm=None, taken_at=time.time()))
+    client = drain.client_for(seat.spec)
+
+    def revert_to(*a, **k):
+        seen["listed_at_revert"] = client.find(seat.worker) is not None
+        engine.stop()
+        engine.start()
+        return probes.ProbeResult(True, "generate")
+
+    monkeypatch.setattr(activation, "revert_to", revert_to)
+    return lambda: rollback_op.rollback(link, host, tmp_path, seat=seat, echo=lines.append), state
+
+
+def test_rollback_puts_back_a_worker_a_killed_command_left_out_and_restarts_the_engine_out_of_the_router(
+        link, tmp_path, engines, router, monkeypatch):  # noqa: F811
+    a, b = engines(step_seconds=0.01), engines(step_seconds=0.01)
+    client = router(a.url, b.url)
+    seat = _seat(client, a.url)
+    seen: dict = {}
+    said: list[str] = []
+    roll, state = _rollback(link, tmp_path, a, seat, monkeypatch, seen, said)
+    drain.drain(seat.spec, client, a.url, state.record, a.in_flight)       # what a killed deploy leaves
+    assert client.find(a.url) is None and _ledger(link, tmp_path).drained() is not None
+    with Load(client.base) as load:
+        out = roll()
+    assert out.status == "rolled_back" and out.target == "baseline", out
+    assert any(f"put {a.url} back into its router" in line for line in said), said
+    assert seen["listed_at_revert"] is False, "the engine restarted while the router still sent to it"
+    assert {w.url for w in client.workers() if w.healthy} == {a.url, b.url}
+    assert set(load.codes) == {200}, {c: load.codes.count(c) for c in set(load.codes)}
+    parsed = _ledger(link, tmp_path)
+    assert parsed.drained() is None
+    assert [e.state for e in parsed.entries if e.kind == L.ROUTER] == ["drained", "restored", "drained", "restored"]
+
+
+def test_a_rollback_that_would_leave_too_few_workers_restarts_in_the_router_instead_of_refusing(
+        link, tmp_path, engines, router, monkeypatch):  # noqa: F811
+    """A rollback runs while a bad release serves: min_serving keeps the worker listed, never stops it."""
+    a, b = engines(), engines()
+    client = router(a.url, b.url)
+    seen: dict = {}
+    said: list[str] = []
+    roll, _ = _rollback(link, tmp_path, a, _seat(client, a.url, min_serving=2), monkeypatch, seen, said)
+    out = roll()
+    assert out.status == "rolled_back"
+    assert seen["listed_at_revert"] is True
+    assert any("stays in the router while it restarts" in line for line in said), said
+    assert {w.url for w in client.workers() if w.healthy} == {a.url, b.url}
+    assert not [e for e in _ledger(link, tmp_path).entries if e.kind == L.ROUTER]
