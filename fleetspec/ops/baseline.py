@@ -84,5 +84,5 @@ def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
         served_algorithm=served,
         declared_algorithm=(pf.launch.derived.algorithm if pf.launch is not None
                             else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
-        taken_at=time.time(), taken_by=actor(),
+        taken_at=time.time(), taken_by=actor(), container=dict(getattr(pf, "container_facts", None) or {}),
     )
