@@ -47,8 +47,10 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
                fragment_path: str | None) -> dict[str, Any]:
     """The container's facts a deploy records (runtime, version, image, image id, digest), or a
     one-line refusal (exit 2, nothing touched): a Quadlet unit (ContainerPlanned), in-place mode,
-    secret_env, no runtime or no image on the host (a deploy never pulls), an image ENTRYPOINT in
-    front of the command, an operator `-e` of a name the release sets."""
+    secret_env, an operator `-e` of a name the release sets, `sglang serve` (the smoke tests need
+    the engine's python), an engine python other than vars.python (sglang's files, versions and
+    patch-set bases are read with it on the host), no runtime or no image on the host (a deploy
+    never pulls), an image ENTRYPOINT in front of the command."""
     host = req.host
     where = f"{host.name}: {service}"
     if is_generated(fragment_path):
@@ -62,8 +64,15 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
                         "yet (its EnvironmentFile= would reach the runtime, not the engine)")
     try:
         container_launch.with_release(run, run.engine.argv, release_id="check", root="/", env={"PYTHONPATH": ""})
+        container_launch.smoke_argv(run, [], [])
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
+    engine_python = run.engine.argv[0]
+    if engine_python != host.vars.python:
+        raise UserError(f"{where}: the engine runs {engine_python} inside the image, but fleetspec reads sglang's "
+                        f"files with vars.python ({host.vars.python}) on the host; a container unit deploys only "
+                        f"where that is the image's engine python at the same path (reading sglang inside the "
+                        f"image is not built yet)")
     try:
         got: Inspected = facts.gather(t, container_inspect, runtime=run.path, image=run.image, container=None)
     except facts.FactError as err:

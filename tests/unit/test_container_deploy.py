@@ -64,8 +64,9 @@ def test_quadlet_units_are_told_by_where_the_generator_put_them():
     assert not container_plan.is_generated("/run/systemd/generatorx/s.service") and not container_plan.is_generated(None)
 
 
-def _request(tmp_path, sshd, key, writer, **kw) -> DeployRequest:
-    inv = writer(tmp_path / "inv.yaml", {"h": sshd}, key, host_vars={"h": "{extra: {sglang_version: 0.5.23}, draft_model_path: /models/draft}"})
+def _request(tmp_path, sshd, key, writer, python: str = "/opt/sglang/venv/bin/python3", **kw) -> DeployRequest:
+    inv = writer(tmp_path / f"inv-{len(python)}.yaml", {"h": sshd}, key, host_vars={
+        "h": f"{{extra: {{sglang_version: 0.5.23}}, draft_model_path: /models/draft, python: {python}}}"})
     return DeployRequest(host=load_inventory(inv).hosts["h"], playbook=load_playbook(ROOT / "playbooks" / "ddtree.yaml"),
                          root=ROOT, **kw)
 
@@ -99,6 +100,13 @@ def test_deployable_reads_the_host_and_refuses_in_one_line(tmp_path, t, sshd, ss
     pythonpath = parse_run([str(runtime), "run", "-e", "PYTHONPATH=/x", *profiles.PODMAN_ARGV[-len(run.engine.argv) - 1:]])
     with pytest.raises(UserError, match=r"^h: s.service: .*-e PYTHONPATH=…"):
         container_plan.deployable(t, req, "s.service", pythonpath, fragment_path="/etc/s.service")
+    serve = parse_run([str(runtime), "run", "--rm", LAB_IMAGE, "sglang", "serve", "--model-path", "/m"])
+    with pytest.raises(UserError, match="the smoke tests need the python that runs the engine"):
+        container_plan.deployable(t, req, "s.service", serve, fragment_path="/etc/s.service")
+    elsewhere = _request(tmp_path, sshd, ssh_client_key, inventory_writer, python="/usr/bin/python3")
+    with pytest.raises(UserError, match=r"engine runs /opt/sglang/venv/bin/python3 inside the image, but fleetspec "
+                                        r"reads sglang's files with vars.python \(/usr/bin/python3\) on the host"):
+        container_plan.deployable(t, elsewhere, "s.service", run, fragment_path="/etc/s.service")
 
 
 def _preflight(root: Path, files: bool = True):
