@@ -96,6 +96,10 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     options = resolve_options(playbook, req.options, hybrid)
     notes = [waited] if waited else []
     notes.extend(f"{host.name}: {n}" for n in [*svc.notes, *options.notes])
+    if run is not None and container is not None:
+        notes.append(f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
+                     f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
+                     f"for byte: {' '.join(o.name for o in run.options) or '-'}")
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options, _smallest_gpu(gpus))
