@@ -78,13 +78,13 @@ def snapshot(fleet, host) -> str:
     return sh(fleet, host, f"sha256sum {UNIT}; ls {UNIT}.d 2>/dev/null; "
                            "podman image inspect --format '{{.Id}} {{.Digest}}' localhost/sglang-lab:0.5.23; "
                            "podman inspect --type container --format "
-                           "'{{.Image}} {{index .Config.Labels \"fleetspec.release\"}}' sglang")
+                           "'{{.Image}} label={{index .Config.Labels \"fleetspec.release\"}}' sglang")
 
 
 def on_baseline(fleet, host, before: str) -> None:
     assert ready(fleet, host)
     assert snapshot(fleet, host) == before
-    assert "<no value>" in before.splitlines()[-1]          # the baseline's container carries no release
+    assert before.splitlines()[-1].endswith(" label=")      # the baseline's container carries no release
 
 
 def deployed(r) -> dict:
@@ -106,7 +106,7 @@ def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
     assert f"--label fleetspec.release={release}" in shown and "--pull=never" in shown
     assert "-v /var/lib/fleetspec:/var/lib/fleetspec:ro" in shown and "DDTREE" in shown
     image_id, label = snapshot(pod_fleet, host).splitlines()[-1].split()
-    assert label == release and image_id == before.splitlines()[-2].split()[0]    # the same image, labelled
+    assert label == f"label={release}" and image_id == before.splitlines()[-2].split()[0]   # the same image, labelled
     baseline = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
     assert baseline["container"]["digest"] == digest and baseline["container"]["image"] == "localhost/sglang-lab:0.5.23"
     row = next(r for r in json_rows(fs(pod_fleet, "status", host, "--json", check_rc=0).stdout) if r.get("host") == host)
