@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from fleetspec import systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import container_launch, launch
-from fleetspec.model.container_launch import ContainerRun
+from fleetspec.model.baseline import Baseline
+from fleetspec.model.container_launch import RELEASE_LABEL, ContainerRun
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops.flags import render_flags
@@ -245,3 +246,27 @@ def status_line(c: dict[str, Any]) -> str:
         f"{c.get('container') or 'unnamed'}: no such container"
     health = f", health {c['health']}" if c.get("health") else ""
     return f"container: {c['runtime']} {c['image']} ({digest}); {state}{health}"
+
+
+def running_container(t: TransportLike, baseline: Baseline) -> Inspected:
+    """The baseline unit's runtime, image and container as the host has them now."""
+    run = container_launch.parse_run(baseline.exec_argv)
+    name = next((v for v in run.option("--name") if v), None)
+    return facts.gather(t, container_inspect, runtime=run.path, image=run.image, container=name)
+
+
+def container_problem(baseline: Baseline, got: Inspected) -> str | None:
+    """The running container is not the baseline's (pure): another image id or digest, or it still
+    carries a release's label. None when it is."""
+    want = baseline.container
+    if got.image is None or image_digest(got.image) != want.get("digest") or got.image.id != want.get("image_id"):
+        return (f"image {want.get('image')} is {image_digest(got.image) if got.image else 'missing'}, "
+                f"baseline {want.get('digest')}")
+    c = got.container
+    if c is not None:
+        if c.image_id != want.get("image_id"):
+            return f"the container {c.name} runs image {c.image_id[:19]}, baseline {str(want.get('image_id'))[:19]}"
+        label = c.labels.get(RELEASE_LABEL)
+        if label:
+            return f"the container {c.name} still carries release {label}"
+    return None

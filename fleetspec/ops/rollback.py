@@ -14,20 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetspec.errors import NeedsAttention, UserError
-from fleetspec.model import container_launch
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, sha256
-from fleetspec.model.container_launch import RELEASE_LABEL
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE
-from fleetspec.ops import activation
-from fleetspec.ops.container_plan import image_digest
+from fleetspec.ops import activation, container_plan
 from fleetspec.ops.deploy import Outcome
 from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
-from fleetspec.remote import facts, files, systemd
+from fleetspec.remote import files, systemd
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import container_inspect
-from fleetspec.remote.facts.container_inspect import Inspected
 from fleetspec.remote.lock import RemoteLock
 
 
@@ -166,29 +161,6 @@ def verify_baseline(t: TransportLike, state: HostState, baseline: Baseline, host
         if path in got:
             raise NeedsAttention(f"{host}: {path} is still present after rollback", f"fleetspec rollback {host}")
     if baseline.container:
-        problem = container_problem(baseline, _running_container(t, baseline))
+        problem = container_plan.container_problem(baseline, container_plan.running_container(t, baseline))
         if problem:
             raise NeedsAttention(f"{host}: {problem} after rollback", f"fleetspec rollback {host}")
-
-
-def _running_container(t: TransportLike, baseline: Baseline) -> Inspected:
-    run = container_launch.parse_run(baseline.exec_argv)
-    name = next((v for v in run.option("--name") if v), None)
-    return facts.gather(t, container_inspect, runtime=run.path, image=run.image, container=name)
-
-
-def container_problem(baseline: Baseline, got: Inspected) -> str | None:
-    """The running container is not the baseline's (pure): another image id or digest, or it still
-    carries a release's label. None when it is."""
-    want = baseline.container
-    if got.image is None or image_digest(got.image) != want.get("digest") or got.image.id != want.get("image_id"):
-        return (f"image {want.get('image')} is {image_digest(got.image) if got.image else 'missing'}, "
-                f"baseline {want.get('digest')}")
-    c = got.container
-    if c is not None:
-        if c.image_id != want.get("image_id"):
-            return f"the container {c.name} runs image {c.image_id[:19]}, baseline {str(want.get('image_id'))[:19]}"
-        label = c.labels.get(RELEASE_LABEL)
-        if label:
-            return f"the container {c.name} still carries release {label}"
-    return None

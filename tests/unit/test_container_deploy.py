@@ -23,7 +23,7 @@ from fleetspec.model.container_launch import parse_run
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import load_playbook
-from fleetspec.ops import container_plan, rendering, rollback, smoke_run, staging
+from fleetspec.ops import container_plan, rendering, smoke_run, staging
 from fleetspec.ops.outcome import DeployRequest
 from fleetspec.remote.facts import container_inspect
 
@@ -182,11 +182,11 @@ def test_rollback_checks_the_running_container_against_the_baseline():
                  environment={}, sglang={}, served_algorithm=None, declared_algorithm=None,
                  container={"image": LAB_IMAGE, "image_id": LAB_ID, "digest": LAB_DIGEST})
     got = _running()
-    assert rollback.container_problem(b, got) is None
+    assert container_plan.container_problem(b, got) is None
     other = dataclasses.replace(b, container={**b.container, "digest": "sha256:00"})
-    assert rollback.container_problem(other, got) == f"image {LAB_IMAGE} is {LAB_DIGEST}, baseline sha256:00"
+    assert container_plan.container_problem(other, got) == f"image {LAB_IMAGE} is {LAB_DIGEST}, baseline sha256:00"
     assert got.container is not None
     labelled = dataclasses.replace(got, container=dataclasses.replace(
         got.container, labels={**got.container.labels, "fleetspec.release": "r1"}))
-    assert rollback.container_problem(b, labelled) == "the container sglang still carries release r1"
-    assert rollback.container_problem(b, dataclasses.replace(got, image=None)).startswith(f"image {LAB_IMAGE} is missing")
+    assert container_plan.container_problem(b, labelled) == "the container sglang still carries release r1"
+    assert container_plan.container_problem(b, dataclasses.replace(got, image=None)).startswith(f"image {LAB_IMAGE} is missing")
