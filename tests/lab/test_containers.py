@@ -112,7 +112,7 @@ def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
     row = next(r for r in json_rows(fs(pod_fleet, "status", host, "--json", check_rc=0).stdout) if r.get("host") == host)
     assert (row["container"]["release_label"], row["container"]["digest"], row["container"]["state"]) == (
         release, digest, "running")
-    story = fs(pod_fleet, "history", host, release, check_rc=0).stdout
+    story = " ".join(fs(pod_fleet, "history", host, release, check_rc=0).stdout.split())     # unwrapped
     assert f"container: podman localhost/sglang-lab:0.5.23 ({digest}), label fleetspec.release={release}" in story
     fs(pod_fleet, "rollback", host, check_rc=0)
     on_baseline(pod_fleet, host, before)
