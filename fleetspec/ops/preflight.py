@@ -80,6 +80,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
         if isinstance(got[k], FactError) and "runs as root, but" in str(got[k]):
             raise UserError(f"{got[k]} (vars.python in {host.inventory_path})")
     run = svc.form if isinstance(svc.form, ContainerRun) else None
+    form = svc.form.engine if isinstance(svc.form, ContainerRun) else svc.form     # the engine command
     container = None if run is None else container_plan.deployable(t, req, svc.service, run,
                                                                      fragment_path=svc.unit.fragment_path)
     waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
@@ -116,7 +117,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
                    sglang=sg, torch=tv, hybrid=hybrid, options=options, new_argv=launch.derived.argv,
                    patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard,
-                   form=run.engine if run is not None else svc.form,
+                   form=form,
                    launch=launch, gpu_health=health if isinstance(health, GpuHealth) else None,
                    container=run, container_facts=container,
                    keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
