@@ -119,9 +119,13 @@ def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
 
 
 def test_rollback_sh_by_hand_restores_the_unit_and_image(pod_fleet):
+    """rollback.sh by hand, after `baseline --retake` recorded the image as a deploy's baseline does."""
     host = POD_HOSTS[0]
     assert ready(pod_fleet, host)
     before = snapshot(pod_fleet, host)
+    fs(pod_fleet, "baseline", host, "--retake", check_rc=0)
+    baseline = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
+    assert (baseline["container"]["image_id"], baseline["container"]["digest"]) == tuple(before.splitlines()[-2].split())
     deployed(fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", "--json"))
     out = sh(pod_fleet, host, "sh /var/lib/fleetspec/sglang-qwen/current/rollback.sh", timeout=180)
     assert "back on baseline" in out
