@@ -152,13 +152,16 @@ def print_story(host_name: str, r, out: Out) -> None:
 
 
 def _story_head(host_name: str, r, out: Out) -> None:
-    """The release's summary: status, algo and timing, the failing step, gate figures, later events."""
-    from fleetspec.ops.history import headline
+    """The release's summary: status, algo and timing, its container, the failing step, gate figures,
+    later events."""
+    from fleetspec.ops.history import container_line, headline
 
     w = out.width
     out.line(f"release {r.id} on {host_name}", [(0, 7, "bold")])
     out.styled(f"  status {r.status}", r.status, STATUS_STYLE.get(r.status))
     for ln in wrap(f"algo {r.algo}; started {_when(r.started)}; took {_secs(r.seconds)}; by {r.by}", w, "    ", "  "):
+        out.line(ln)
+    for ln in wrap(container_line(r) or "", w, "    ", "  ") if r.container else ():
         out.line(ln)
     if r.failed_step:
         for ln in wrap(f"failed at {r.failed_step}: {r.reason or '(no reason recorded)'}", w, "    ", "  "):

@@ -35,6 +35,15 @@ class Baseline:
     taken_by: str = ""
     notes: list[str] = field(default_factory=list)
     modes: dict[str, int] = field(default_factory=dict)   # path -> permission bits as found (restored so)
+    container: dict[str, Any] = field(default_factory=dict)  # a container unit's runtime, image, image_id, digest
+
+    def container_changes(self, now: dict[str, Any] | None) -> list[str]:
+        """The image the unit runs, changed since the baseline (a rollback must bring back this
+        one: a different id or digest under the same name is drift, refused like a unit edit)."""
+        if not self.container or not now:
+            return []
+        return [f"image {now.get('image')} {key} is {now.get(key)}, baseline {self.container.get(key)}"
+                for key in ("image", "image_id", "digest") if now.get(key) != self.container.get(key)]
 
     @property
     def unit_sha256(self) -> str:

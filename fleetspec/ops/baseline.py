@@ -12,12 +12,14 @@ import time
 from typing import TYPE_CHECKING
 
 from fleetspec.errors import FleetspecError, RemoteError, UserError
-from fleetspec.model import hostjson
+from fleetspec.model import container_launch, hostjson
 from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, recorded_environment
+from fleetspec.model.launch import LaunchRefused
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.ledger import actor
 from fleetspec.ops import argv as argv_ops
+from fleetspec.ops import container_plan
 from fleetspec.ops.argv import LaunchPlan
 from fleetspec.ops.execstart import exec_command
 from fleetspec.ops.hoststate import HostState
@@ -25,6 +27,7 @@ from fleetspec.ops.preflight_checks import gather_unit, read_unit_files
 from fleetspec.ops.redaction import secret_refs
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
+from fleetspec.remote.facts import container_inspect
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.lock import RemoteLock
 
@@ -42,6 +45,7 @@ def retake(t: TransportLike, host, root) -> str:
         unit_bytes, dropins, texts = read_unit_files(t, unit)
         view = _View(host, unit, unit_bytes, dropins, list(exec_command(t, unit_bytes, texts).argv))
         view.sglang = facts.gather(t, sglang_fact, python=host.vars.python)
+        view.container_facts = _container_facts(t, host, view.exec_argv)
         try:
             old = state.read_baseline()
         except FleetspecError:        # a corrupt one with no verified copy: retaking is the way out
@@ -55,6 +59,20 @@ def retake(t: TransportLike, host, root) -> str:
             f"{new.unit_sha256[:12]})" + (f"; since the old one: {'; '.join(changed)}" if changed else ""))
 
 
+def _container_facts(t: TransportLike, host, argv: list[str]) -> dict | None:
+    """A `docker run`/`podman run` unit's runtime, image id and digest, as a deploy's preflight
+    records them (None for any other unit); a refusal there is a refusal here."""
+    if not argv or container_launch.runtime_of(argv[0]) is None:
+        return None
+    where = f"{host.name}: {host.vars.service}"
+    try:
+        run = container_launch.parse_run(argv)
+    except LaunchRefused as err:
+        raise UserError(f"{where}: {err}") from None
+    return container_plan.container_facts(where, run, facts.gather(t, container_inspect, runtime=run.path,
+                                                                     image=run.image, container=None))
+
+
 class _View:
     """The fields take_baseline reads, without a full preflight (no playbook is involved)."""
 
@@ -63,6 +81,7 @@ class _View:
         self.service, self.python = host.vars.service, host.vars.python
         self.sglang = None
         self.launch: LaunchPlan | None = None
+        self.container_facts: dict | None = None
 
 
 def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
@@ -84,5 +103,5 @@ def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
         served_algorithm=served,
         declared_algorithm=(pf.launch.derived.algorithm if pf.launch is not None
                             else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
-        taken_at=time.time(), taken_by=actor(),
+        taken_at=time.time(), taken_by=actor(), container=dict(getattr(pf, "container_facts", None) or {}),
     )

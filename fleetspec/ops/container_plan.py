@@ -1,11 +1,14 @@
-"""A deploy onto a `docker run` / `podman run` unit: planned only.
+"""A deploy onto a `docker run` / `podman run` unit: what preflight checks and records of the
+container (`deployable`), and the plan of the forms still refused.
 
-`deploy --plan` shows what the deploy would run — the runtime and image as the host has them
-(facts.container_inspect), the runtime words kept, the engine command derived as for bare metal,
-the ExecStart diff — and a deploy is refused before anything is touched, until the lab's container
-hosts prove the switch, the smoke tests in the image and the rollback (docs/containers.md).
-The sglang version inside the image picks the parser table: the inventory's `extra.sglang_version`
-(fleetspec does not start the image to ask); without it the engine command is not derived.
+A `docker run`/`podman run` ExecStart deploys like a bare unit (a drop-in whose ExecStart is
+container_launch.with_release's argv), once `deployable` has found the runtime and the image on
+the host and recorded the image's id and digest (the baseline keeps them; rollback proves them).
+A unit generated from a Quadlet `.container` file is still planned only: `deploy --plan` shows what
+the deploy would run (`planned`: the runtime and image as the host has them, the runtime words kept,
+the engine command derived as for bare metal, the ExecStart diff) and a deploy is refused before
+anything is touched (docs/containers.md). There the sglang version inside the image picks the
+parser table: the inventory's `extra.sglang_version`; without it the engine command is not derived.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from fleetspec import systemd_unit
 from fleetspec.errors import UserError
 from fleetspec.model import container_launch, launch
-from fleetspec.model.container_launch import ContainerRun
+from fleetspec.model.baseline import Baseline
+from fleetspec.model.container_launch import RELEASE_LABEL, ContainerRun
 from fleetspec.model.release import BASELINE
 from fleetspec.ops import argv as argv_ops
 from fleetspec.ops.flags import render_flags
@@ -31,12 +35,77 @@ if TYPE_CHECKING:
     from fleetspec.ops.outcome import DeployRequest
 
 
+GENERATED_UNITS = ("/run/systemd/generator", "/run/systemd/generator.late", "/usr/lib/systemd/generator")
+
+
+def is_generated(fragment_path: str | None) -> bool:
+    """A unit a generator wrote (Podman's Quadlet writes the `.service` of a `.container` file there):
+    a drop-in would work, but the operator edits the Quadlet file, not the unit."""
+    return any((fragment_path or "").startswith(d + "/") for d in GENERATED_UNITS)
+
+
+def deployable(t: TransportLike, req: DeployRequest, service: str, run: ContainerRun, *,
+               fragment_path: str | None) -> dict[str, Any]:
+    """The container's facts a deploy records (runtime, version, image, image id, digest), or a
+    one-line refusal (exit 2, nothing touched): a Quadlet unit (ContainerPlanned), in-place mode,
+    secret_env, an operator `-e` of a name the release sets, `sglang serve` (the smoke tests need
+    the engine's python), an engine python other than vars.python (sglang's files, versions and
+    patch-set bases are read with it on the host), no runtime or no image on the host (a deploy
+    never pulls), an image ENTRYPOINT in front of the command."""
+    host = req.host
+    where = f"{host.name}: {service}"
+    if is_generated(fragment_path):
+        raise ContainerPlanned(f"{where} (generated at {fragment_path}, a Quadlet unit)", run,
+                               build_plan(req, service, run, None))
+    if req.mode == "in-place":
+        raise UserError(f"{where}: --mode in-place writes into the host's sglang, not the image's; a container "
+                        "unit deploys in release mode (the release folder mounted read-only)")
+    if req.playbook.launch.secret_env:
+        raise UserError(f"{where}: launch.secret_env of {req.playbook.path.name} is not passed into a container "
+                        "yet (its EnvironmentFile= would reach the runtime, not the engine)")
+    try:
+        container_launch.with_release(run, run.engine.argv, release_id="check", root="/", env={"PYTHONPATH": ""})
+        container_launch.smoke_argv(run, [], [])
+    except launch.LaunchRefused as err:
+        raise UserError(f"{where}: {err}") from None
+    engine_python = run.engine.argv[0]
+    if engine_python != host.vars.python:
+        raise UserError(f"{where}: the engine runs {engine_python} inside the image, but fleetspec reads sglang's "
+                        f"files with vars.python ({host.vars.python}) on the host; a container unit deploys only "
+                        f"where that is the image's engine python at the same path (reading sglang inside the "
+                        f"image is not built yet)")
+    try:
+        got: Inspected = facts.gather(t, container_inspect, runtime=run.path, image=run.image, container=None)
+    except facts.FactError as err:
+        raise UserError(f"{where}: cannot read {run.runtime}'s facts: {str(err).splitlines()[0][:200]}") from None
+    return container_facts(where, run, got)
+
+
+def container_facts(where: str, run: ContainerRun, got: Inspected) -> dict[str, Any]:
+    """What the baseline records of the runtime and image, or the refusal (pure)."""
+    if got.version is None:
+        raise UserError(f"{where}: {run.runtime} not found on the host ({run.path})")
+    image = got.image
+    if image is None:
+        raise UserError(f"{where}: image {run.image} is not on the host; a deploy never pulls (pull it, then deploy)")
+    if image.entrypoint and run.needs_image_entrypoint:
+        raise UserError(f"{where}: the image {run.image} has ENTRYPOINT {list(image.entrypoint)} in front of the "
+                        f"engine command, which fleetspec cannot see through; {container_launch.ADVICE}")
+    return {"runtime": run.runtime, "version": got.version, "image": run.image, "image_id": image.id,
+            "digest": image_digest(image)}
+
+
+def image_digest(image) -> str | None:
+    """podman's Digest, else docker's first RepoDigest's."""
+    return image.digest or (image.repo_digests[0].rpartition("@")[2] if image.repo_digests else None)
+
+
 class ContainerPlanned(UserError):
     """A container service: refused as a deploy (exit 2, nothing touched); `plan` is what --plan shows."""
 
     def __init__(self, where: str, run: ContainerRun, plan: Plan):
         self.run, self.plan = run, plan
-        super().__init__(f"{where}: container deploys are planned only ({run.label}); `fleetspec deploy "
+        super().__init__(f"{where}: deploys onto Quadlet units are planned only ({run.label}); `fleetspec deploy "
                          f"{plan.host} --algo {plan.algo} --plan` shows what the deploy would run")
 
 
@@ -81,12 +150,12 @@ def build_plan(req: DeployRequest, service: str, run: ContainerRun, got: Inspect
     old_shown, new_shown = shown(run, run.argv), shown(run, new_argv)
     diff = "".join(difflib.unified_diff([a + "\n" for a in old_shown], [a + "\n" for a in new_shown],
                                         f"{service} ExecStart (now)", f"{service} ExecStart (after)", n=2))
-    dropin = ("# planned only: fleetspec does not deploy onto container services yet\n[Service]\nExecStart=\n"
+    dropin = ("# planned only: fleetspec does not deploy onto Quadlet units yet\n[Service]\nExecStart=\n"
               f"ExecStart={systemd_unit.exec_line(new_shown, run.prefix, run.path if '@' in run.prefix else None)}\n")
     return Plan(host=host.name, service=service, sglang=str(version) if version else "unknown (inside the image)",
                 algo=playbook.algo, expected_algorithm=playbook.speculative_algorithm, previous=BASELINE,
                 execstart_diff=diff, dropin=dropin, notes=notes, options=dict(playbook.options),
-                launch=launch_info, steps=["preflight", "planned only (container deploys are refused)"])
+                launch=launch_info, steps=["preflight", "planned only (Quadlet units are refused)"])
 
 
 ENV_OPTIONS = ("-e", "--env")
@@ -177,3 +246,27 @@ def status_line(c: dict[str, Any]) -> str:
         f"{c.get('container') or 'unnamed'}: no such container"
     health = f", health {c['health']}" if c.get("health") else ""
     return f"container: {c['runtime']} {c['image']} ({digest}); {state}{health}"
+
+
+def running_container(t: TransportLike, baseline: Baseline) -> Inspected:
+    """The baseline unit's runtime, image and container as the host has them now."""
+    run = container_launch.parse_run(baseline.exec_argv)
+    name = next((v for v in run.option("--name") if v), None)
+    return facts.gather(t, container_inspect, runtime=run.path, image=run.image, container=name)
+
+
+def container_problem(baseline: Baseline, got: Inspected) -> str | None:
+    """The running container is not the baseline's (pure): another image id or digest, or it still
+    carries a release's label. None when it is."""
+    want = baseline.container
+    if got.image is None or image_digest(got.image) != want.get("digest") or got.image.id != want.get("image_id"):
+        return (f"image {want.get('image')} is {image_digest(got.image) if got.image else 'missing'}, "
+                f"baseline {want.get('digest')}")
+    c = got.container
+    if c is not None:
+        if c.image_id != want.get("image_id"):
+            return f"the container {c.name} runs image {c.image_id[:19]}, baseline {str(want.get('image_id'))[:19]}"
+        label = c.labels.get(RELEASE_LABEL)
+        if label:
+            return f"the container {c.name} still carries release {label}"
+    return None

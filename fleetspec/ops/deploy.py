@@ -203,17 +203,21 @@ class Deploy(RouterSteps, FailurePath):
         if baseline is None:
             baseline = take_baseline(self.t, self.pf)
             self.state.write_baseline(baseline)
+            image = (f", image {baseline.container.get('image')} {baseline.container.get('digest')}"
+                     if baseline.container else "")
             self.echo(f"[{self.host.name}] baseline recorded: {baseline.declared_algorithm or 'none'} "
-                      f"(unit sha256 {baseline.unit_sha256[:12]})")
+                      f"(unit sha256 {baseline.unit_sha256[:12]}{image})")
         drift = baseline.differences(self.pf.unit_bytes, self.pf.dropins,
                                      *secret_refs(self.host, self.pf.playbook))
+        drift += baseline.container_changes(self.pf.container_facts)
         if drift:
             raise StepFailed("baseline", "the service changed by hand since the baseline: " + "; ".join(drift)
                              + f" — review it, then run: fleetspec baseline {self.host.name} --retake")
         self.pf.baseline = baseline
         self.previous = self.state.current(self.lock.link_target)
         self.previous_known = True
-        return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE}
+        return {"unit_sha256": baseline.unit_sha256, "previous": self.previous or BASELINE,
+                **({"image_digest": baseline.container.get("digest")} if baseline.container else {})}
 
     def _stage(self) -> dict:
         run, then = smoke_run.prepare(self.pf, self.state, self.release_id)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fleetspec.errors import FleetspecError
 from fleetspec.model import ledger as L
 from fleetspec.model.release import BASELINE
-from fleetspec.ops import activation, gpu_checks, probes
+from fleetspec.ops import activation, container_plan, gpu_checks, probes
 from fleetspec.ops.outcome import DeployOutcome, Outcome, StepFailed
 from fleetspec.remote.lock import LockLost
 
@@ -38,6 +38,11 @@ class FailurePath:
             result = activation.revert_to(self.t, self.state, self.host, self.req.root, self.pf.baseline,
                                          self.previous, progress=self._progress, also=[self.release_id])
             self._progress(None)
+            if result.ok and self.previous is None and self.pf.baseline.container:   # the baseline's image, unlabelled
+                problem = container_plan.container_problem(self.pf.baseline,
+                                                           container_plan.running_container(self.t, self.pf.baseline))
+                if problem:
+                    result = probes.ProbeResult(False, "revert", f"{problem} after the revert", result.waited_s)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
         except Exception as err:  # noqa: BLE001 - whatever the revert met, it failed: say so, exit 3

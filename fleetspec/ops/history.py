@@ -84,10 +84,28 @@ class Release:
                 return s.detail.get("evidence") or {}
         return {}
 
+    @property
+    def container(self) -> dict:
+        """A container unit's runtime, image and digest as preflight recorded them ({}: a bare unit)."""
+        for s in self.steps:
+            if s.name == "preflight" and isinstance(s.detail.get("container"), dict):
+                return dict(s.detail["container"])
+        return {}
+
     def to_json(self) -> dict:
         return {"release": self.id, "algo": self.algo, "status": self.status, "started": self.started,
                 "seconds": round(self.seconds, 3), "failed_step": self.failed_step, "reason": self.reason,
-                "figures": self.figures, "headline": headline(self.figures), "events": self.events}
+                "figures": self.figures, "headline": headline(self.figures), "events": self.events,
+                **({"container": self.container} if self.container else {})}
+
+
+def container_line(r: Release) -> str | None:
+    """history's line for a release on a container unit: the image it ran and the label it carried."""
+    c = r.container
+    if not c:
+        return None
+    return (f"container: {c.get('runtime')} {c.get('image')} ({c.get('digest') or 'no digest'}), "
+            f"label fleetspec.release={r.id}")
 
 
 def algo_of(release_id: str) -> str:

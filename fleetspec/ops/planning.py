@@ -50,12 +50,11 @@ class Plan:
 
 def plan(t: TransportLike, pf: Preflight, state: HostState) -> Plan:
     """Everything a deploy would do, computed without changing anything on the host."""
-    old = pf.exec_argv
-    new = pf.new_argv
-    diff = list(difflib.unified_diff([a + "\n" for a in old], [a + "\n" for a in new],
-                                     f"{pf.service} ExecStart (now)", f"{pf.service} ExecStart (after)", n=2))
     previous = state.current() or BASELINE
     fake = new_release(pf, "<new>", previous)
+    old, new = pf.exec_argv, fake.argv          # a container unit's: the whole runtime argv
+    diff = list(difflib.unified_diff([a + "\n" for a in old], [a + "\n" for a in new],
+                                     f"{pf.service} ExecStart (now)", f"{pf.service} ExecStart (after)", n=2))
     return Plan(
         host=pf.host.name, service=pf.service, sglang=pf.sglang_version,
         algo=pf.playbook.algo, expected_algorithm=pf.playbook_algorithm,

@@ -79,8 +79,10 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     for k in ("sglang", "torch"):             # the host's python is one others could change: refused, said why
         if isinstance(got[k], FactError) and "runs as root, but" in str(got[k]):
             raise UserError(f"{got[k]} (vars.python in {host.inventory_path})")
-    if isinstance(svc.form, ContainerRun):
-        raise container_plan.planned(t, req, svc.service, svc.form)
+    run = svc.form if isinstance(svc.form, ContainerRun) else None
+    form = svc.form.engine if isinstance(svc.form, ContainerRun) else svc.form     # the engine command
+    container = None if run is None else container_plan.deployable(t, req, svc.service, run,
+                                                                     fragment_path=svc.unit.fragment_path)
     waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
                                      allow_unhealthy=req.allow_unhealthy, wait=wait_serving and not req.plan_only,
                                      progress=progress)
@@ -95,6 +97,10 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     options = resolve_options(playbook, req.options, hybrid)
     notes = [waited] if waited else []
     notes.extend(f"{host.name}: {n}" for n in [*svc.notes, *options.notes])
+    if run is not None and container is not None:
+        notes.append(f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
+                     f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
+                     f"for byte: {' '.join(o.name for o in run.options) or '-'}")
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options, _smallest_gpu(gpus))
@@ -110,8 +116,10 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     pf = Preflight(host=host, root=req.root, playbook=playbook, service=svc.service, python=host.vars.python,
                    unit=svc.unit, unit_bytes=svc.unit_bytes, dropins=svc.dropins, exec_argv=svc.exec_argv,
                    sglang=sg, torch=tv, hybrid=hybrid, options=options, new_argv=launch.derived.argv,
-                   patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard, form=svc.form,
+                   patchset=patchset, kernels=kernels, notes=notes, guard=playbook.guard,
+                   form=form,
                    launch=launch, gpu_health=health if isinstance(health, GpuHealth) else None,
+                   container=run, container_facts=container,
                    keep_releases=int(host.vars.extra.get("keep_releases", playbook.keep_releases)),
                    staged_ahead=ahead[-1] if ahead else None, staged_ahead_older=tuple(ahead[:-1]))
     check_templates(pf)
@@ -206,9 +214,11 @@ def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceR
                  options: ResolvedOptions, gpu_mem: float | None = None) -> argv_ops.LaunchPlan:
     flags = render_flags(playbook, host.vars.template_view(), options.values)
     table = option_table(t, host.vars.python, version, host.name)
-    # the operator's environment, from the unit files (fleetspec's own drop-in left out)
-    environment = systemd_unit.effective_environment(svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
-    assert isinstance(svc.form, LaunchForm)      # a container service was planned (and refused) before this
-    return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
+    # the operator's environment, from the unit files (fleetspec's own drop-in left out); a
+    # container's engine sees only its -e/--env (kept byte for byte), not the unit's
+    form = svc.form.engine if isinstance(svc.form, ContainerRun) else svc.form
+    environment = {} if isinstance(svc.form, ContainerRun) else systemd_unit.effective_environment(
+        svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
+    return argv_ops.plan_launch(form, table, flags, playbook, version, environment,
                                 f"{host.name}: {svc.service}", gpu_mem)
 

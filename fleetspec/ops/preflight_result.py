@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetspec.model.baseline import Baseline
+from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.inventory import Host
 from fleetspec.model.kernel import Kernel
 from fleetspec.model.launch import LaunchForm
@@ -56,6 +57,8 @@ class Preflight:
     staged_ahead: str | None = None               # the newest release `deploy --stage-only` left for this algo
     staged_ahead_older: tuple[str, ...] = ()      # older ones for it (superseded by the next stage or deploy)
     gpu_health: GpuHealth | None = None           # as preflight read it; a failed restart is compared with it
+    container: ContainerRun | None = None         # a `docker run`/`podman run` unit (form: the command inside)
+    container_facts: dict | None = None           # its runtime, image, image id and digest (the baseline's)
 
     @property
     def sglang_version(self) -> str:
@@ -134,11 +137,12 @@ class Preflight:
 
     @property
     def exec_prefix(self) -> str:
-        return self.form.prefix
+        return self.container.prefix if self.container is not None else self.form.prefix
 
     @property
     def exec_path(self) -> str | None:
-        return self.form.path if "@" in self.form.prefix else None
+        head = self.container if self.container is not None else self.form
+        return head.path if "@" in head.prefix else None
 
     def environment(self, release) -> dict[str, str]:
         env = dict(self.playbook.launch.env)
@@ -166,4 +170,4 @@ class Preflight:
         return {"sglang": self.sglang.version, "torch": getattr(self.torch, "version", None),
                 "hybrid": self.hybrid, "options": dict(self.options.values), "notes": self.notes,
                 "patchset": self.patchset_name, "argv": self.new_argv,
-                "launch": self.launch.to_dict()}
+                "launch": self.launch.to_dict(), **({"container": self.container_facts} if self.container_facts else {})}

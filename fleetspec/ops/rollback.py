@@ -18,7 +18,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, sha256
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE
-from fleetspec.ops import activation
+from fleetspec.ops import activation, container_plan
 from fleetspec.ops.deploy import Outcome
 from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
 from fleetspec.remote import files, systemd
@@ -160,3 +160,7 @@ def verify_baseline(t: TransportLike, state: HostState, baseline: Baseline, host
     for path in ours:
         if path in got:
             raise NeedsAttention(f"{host}: {path} is still present after rollback", f"fleetspec rollback {host}")
+    if baseline.container:
+        problem = container_plan.container_problem(baseline, container_plan.running_container(t, baseline))
+        if problem:
+            raise NeedsAttention(f"{host}: {problem} after rollback", f"fleetspec rollback {host}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec.errors import FleetspecError, UserError
+from fleetspec.model import container_launch
 from fleetspec.model.release import Release
 from fleetspec.ops.hoststate import HostState
 from fleetspec.remote import background, files, smoke_host, stage_host
@@ -56,9 +57,13 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
     if not run.scripts:
         return run, None
     env = {"PYTHONPATH": str(rel / "overlay")} if pf.patchset and pf.patchset.files else {}
-    command = files.python_c(pf.python, smoke_host.RUNNER, env=env, rundir=str(state.layout.run))
+    if pf.container is not None:
+        command = container_command(pf, state, env)
+    else:
+        command = files.python_c(pf.python, smoke_host.RUNNER, env=env, rundir=str(state.layout.run))
     payload = smoke_host.runner_input([(n, s) for n, s, _ in run.scripts]).decode()
-    reuse = pf.playbook.smoke.reuse
+    # a kept verdict is keyed on the host python's files; a container's are the image's
+    reuse = pf.playbook.smoke.reuse and pf.container is None
     script = background.start_script(run.folder, command, timeout_s=smoke_host.SMOKE_TIMEOUT_S, nice=smoke_nice(),
                                      on_success=stage_host.keep_verdict(run.folder) if reuse else "")
     cache = None
@@ -68,6 +73,18 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
                           site, pf.sglang_version)
         cache = {"dir": str(state.layout.smoke_verdicts), "key": key, "roots": [site] if site else []}
     return run, stage_host.Then(run.folder, script, payload, cache)
+
+
+def container_command(pf: Preflight, state: HostState, env: dict[str, str]) -> str:
+    """The runner in a container of the unit's own image and options (container_launch.smoke_argv):
+    never a pull, stdin open for the scripts, fleetspec's root mounted read-only at the same path
+    (the release's overlay and kernels), the cwd kept off sys.path (PYTHONSAFEPATH)."""
+    assert pf.container is not None
+    root = str(state.layout.root)
+    words = ["--pull=never", "-i", "-v", f"{root}:{root}:ro", "-e", "PYTHONSAFEPATH=1"]
+    for name, value in env.items():
+        words += ["-e", f"{name}={value}"]
+    return smoke_host.command_line(container_launch.smoke_argv(pf.container, words, ["-c", smoke_host.RUNNER]))
 
 
 def verdict_key(release_dir: str, python: str, command: str, payload: str, patch: dict[str, bytes],

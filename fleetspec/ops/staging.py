@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleetspec.model import container_launch
 from fleetspec.model import ledger as L
 from fleetspec.model.names import is_name
 from fleetspec.model.release import BASELINE, Release
@@ -75,7 +77,7 @@ def new_release(pf: Preflight, release_id: str, previous: str | None = None, mod
     and the template check render (`<new>`). Files default to the patch set's and kernels' own."""
     patch_files = pf.patch_files() if patch_files is None else patch_files
     kernel_files = pf.kernel_files() if kernel_files is None else kernel_files
-    return Release(
+    release = Release(
         id=release_id, host=pf.host.name, service=pf.service, algo=pf.playbook.algo, mode=mode,
         sglang_version=pf.sglang_version, argv=pf.new_argv, previous=previous or BASELINE,
         patchset=pf.patchset_name, files={p: sha(b) for p, b in patch_files.items()},
@@ -85,6 +87,11 @@ def new_release(pf: Preflight, release_id: str, previous: str | None = None, mod
         exec_prefix=pf.exec_prefix, exec_path=pf.exec_path,
         launch=pf.launch.to_dict(),
     )
+    if pf.container is None:
+        return release
+    # a container unit: the runtime words kept, the release mounted read-only and labelled
+    return dataclasses.replace(release, argv=container_launch.with_release(
+        pf.container, pf.new_argv, release_id=release_id, root=str(pf.layout.root), env=pf.environment(release)))
 
 
 def env_file_text(values: dict[str, str]) -> str:

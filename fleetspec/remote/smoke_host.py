@@ -9,6 +9,7 @@ RUNNER runs them all in one python process (foreground: run_smoke_scripts; backg
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 
 from fleetspec.errors import FleetspecError
@@ -259,6 +260,11 @@ for name, src in json.loads(sys.stdin.read()):
         break
 sys.stdout.write("\\nFLEETSPEC-SMOKE " + json.dumps(results) + "\\n")
 """
+
+
+def command_line(argv: list[str]) -> str:
+    """A program's argv as one shell command (the smoke runner in a container)."""
+    return shlex.join(argv)
 
 
 def runner_input(scripts: list[tuple[str, str]]) -> bytes:

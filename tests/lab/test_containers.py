@@ -1,7 +1,8 @@
 """A host whose engine runs under `podman run` (the lab's pd hosts, docs/guide/containers.md): the
-engine really runs in a container inside the nspawn host, fleetspec's status reads the real
-container, `deploy --plan` shows it and a deploy is still refused with nothing changed, and an
-engine that crashes at start fails the unit at once.
+engine really runs in a container inside the nspawn host and fleetspec's status reads it; a deploy
+runs end to end (smoke tests in the image, the drop-in's ExecStart through the release's mount and
+label, restart, probes, gates), status and history show the container, and `fleetspec rollback` and
+rollback.sh bring back the exact unit bytes and image; a release that crashes at start reverts.
 
 One pd host for the module (FLEETSPEC_LAB_POD_HOSTS, default pd1), taken down after it; its image
 is built once in the lab's cache (minutes, cold). Opt-in: the module runs with
@@ -71,35 +72,82 @@ def test_the_engine_runs_in_a_container_and_status_reads_it(pod_fleet):
     assert c["version"] == "podman version 4.3.1" and c["restarts"] == 0
 
 
-def test_plan_shows_the_container_and_a_deploy_changes_nothing(pod_fleet):
-    host = POD_HOSTS[0]
-    before = sh(pod_fleet, host, f"sha256sum {UNIT}; ls /etc/systemd/system/sglang-qwen.service.d 2>/dev/null; "
-                                 "podman image inspect --format '{{.Digest}}' localhost/sglang-lab:0.5.23")
-    plan = fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--plan", check_rc=0)
-    assert "podman" in plan.stdout and "localhost/sglang-lab:0.5.23" in plan.stdout
-    assert "--speculative-algorithm DDTREE" in plan.stdout or "DDTREE" in plan.stdout
-    refused = fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes")
-    assert refused.returncode == 2 and "planned only" in refused.stdout + refused.stderr
-    assert sh(pod_fleet, host, f"sha256sum {UNIT}; ls /etc/systemd/system/sglang-qwen.service.d 2>/dev/null; "
-                               "podman image inspect --format '{{.Digest}}' localhost/sglang-lab:0.5.23") == before
+def snapshot(fleet, host) -> str:
+    """The unit's bytes, the drop-ins, the image's id and digest, and the running container's image
+    and release label: what a rollback must bring back exactly."""
+    return sh(fleet, host, f"sha256sum {UNIT}; ls {UNIT}.d 2>/dev/null; "
+                           "podman image inspect --format '{{.Id}} {{.Digest}}' localhost/sglang-lab:0.5.23; "
+                           "podman inspect --type container --format "
+                           "'{{.Image}} label={{index .Config.Labels \"fleetspec.release\"}}' sglang")
 
 
-def test_a_container_that_crashes_at_start_fails_the_unit_at_once(pod_fleet):
+def on_baseline(fleet, host, before: str) -> None:
+    assert ready(fleet, host)
+    assert snapshot(fleet, host) == before
+    assert before.splitlines()[-1].endswith(" label=")      # the baseline's container carries no release
+
+
+def deployed(r) -> dict:
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
+    """The whole deploy (smoke in the image, drop-in, restart, probes, gates) and the rollback to
+    the exact unit bytes and image; status and history show the container and its release."""
     host = POD_HOSTS[0]
-    sh(pod_fleet, host, "echo " + json.dumps(json.dumps({"crash_at_start": True})) + " > /etc/fleetspec-lab/faults.json")
-    try:
-        t0 = time.monotonic()
-        sh(pod_fleet, host, "systemctl restart sglang-qwen.service")
-        restarts = 0
-        while time.monotonic() - t0 < 90 and restarts < 1:
-            time.sleep(1)
-            restarts = int(sh(pod_fleet, host, "systemctl show -p NRestarts --value sglang-qwen.service"))
-        assert restarts >= 1
-        log = sh(pod_fleet, host, "journalctl -u sglang-qwen.service --no-pager -n 60")
-        assert "Failed with result 'exit-code'" in log
-    finally:
-        sh(pod_fleet, host, "rm -f /etc/fleetspec-lab/faults.json; systemctl restart sglang-qwen.service")
     assert ready(pod_fleet, host)
+    before = snapshot(pod_fleet, host)
+    digest = before.splitlines()[-2].split()[1]
+    out = deployed(fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--json"))
+    release = out["release"]
+    assert out["status"] == "healthy", out
+    shown = sh(pod_fleet, host, "systemctl show -p ExecStart --value sglang-qwen.service")
+    assert f"--label fleetspec.release={release}" in shown and "--pull=never" in shown
+    assert "-v /var/lib/fleetspec:/var/lib/fleetspec:ro" in shown and "DDTREE" in shown
+    image_id, label = snapshot(pod_fleet, host).splitlines()[-1].split()
+    assert label == f"label={release}" and image_id == before.splitlines()[-2].split()[0]   # the same image, labelled
+    baseline = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
+    assert baseline["container"]["digest"] == digest and baseline["container"]["image"] == "localhost/sglang-lab:0.5.23"
+    row = next(r for r in json_rows(fs(pod_fleet, "status", host, "--json", check_rc=0).stdout) if r.get("host") == host)
+    assert (row["container"]["release_label"], row["container"]["digest"], row["container"]["state"]) == (
+        release, digest, "running")
+    story = " ".join(fs(pod_fleet, "history", host, release, check_rc=0).stdout.split())     # unwrapped
+    assert f"container: podman localhost/sglang-lab:0.5.23 ({digest}), label fleetspec.release={release}" in story
+    fs(pod_fleet, "rollback", host, check_rc=0)
+    on_baseline(pod_fleet, host, before)
+
+
+def test_rollback_sh_by_hand_restores_the_unit_and_image(pod_fleet):
+    """rollback.sh by hand, after `baseline --retake` recorded the image as a deploy's baseline does."""
+    host = POD_HOSTS[0]
+    assert ready(pod_fleet, host)
+    before = snapshot(pod_fleet, host)
+    fs(pod_fleet, "baseline", host, "--retake", check_rc=0)
+    baseline = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
+    assert (baseline["container"]["image_id"], baseline["container"]["digest"]) == tuple(before.splitlines()[-2].split())
+    deployed(fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", "--json"))
+    out = sh(pod_fleet, host, "sh /var/lib/fleetspec/sglang-qwen/current/rollback.sh", timeout=180)
+    assert "back on baseline" in out
+    on_baseline(pod_fleet, host, before)
+
+
+def test_a_release_that_crashes_at_start_reverts_to_the_baseline(pod_fleet):
+    host = POD_HOSTS[0]
+    assert ready(pod_fleet, host)
+    before = snapshot(pod_fleet, host)
+    fs(pod_fleet, "lab", "fault", host, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
+    try:
+        r = fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", "--json")
+    finally:
+        fs(pod_fleet, "lab", "fault", host, "--clear", check_rc=0)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "rolled_back" and out["failed_step"] == "probes", out
+    assert "main process exited with status 1" in out["reason"], out     # the container's exit, at once
+    on_baseline(pod_fleet, host, before)
+    row = next(r for r in json_rows(fs(pod_fleet, "status", host, "--json", check_rc=0).stdout) if r.get("host") == host)
+    assert row["container"]["release_label"] is None and row["container"]["state"] == "running"
 
 
 def test_smoke_container_sees_the_release_first_and_the_images_sglang(pod_fleet):

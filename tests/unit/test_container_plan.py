@@ -1,5 +1,5 @@
 """`deploy --plan` on a container unit (ops.container_plan): what it would run, from the parsed unit
-and the host's facts (output captured from podman 4.3.1); a deploy is refused as planned only;
+and the host's facts (output captured from podman 4.3.1), as a Quadlet unit's deploy is planned only;
 status's container field. The facts' command runs over the loopback sshd, with a runtime stand-in
 that prints the captured `podman inspect` output (no container runs on this machine)."""
 
@@ -60,7 +60,7 @@ def test_plan_shows_runtime_image_digest_and_the_derived_engine_command(tmp_path
     assert any("-e/--env stay as written" in n and "SGLANG_ENABLE_SPEC_V2" in n
                for n in container_plan.build_plan(req, "s", spec, _captured()).notes)
     refusal = container_plan.ContainerPlanned("h: sglang.service", run, plan)
-    assert str(refusal).startswith("h: sglang.service: container deploys are planned only (podman run "
+    assert str(refusal).startswith("h: sglang.service: deploys onto Quadlet units are planned only (podman run "
                                    "localhost/fleetspec-probe:1") and refusal.exit_code == 2 and "\n" not in str(refusal)
 
 
@@ -150,7 +150,7 @@ def test_cli_prints_a_container_plan(tmp_path, sshd, ssh_client_key, inventory_w
     out = capsys.readouterr().out
     assert "ExecStart form: podman run localhost/fleetspec-probe:1 (python -m sglang.launch_server)" in out
     assert "note: h: image localhost/fleetspec-probe:1: id d42aa19a524f" in out
-    assert "steps: preflight -> planned only (container deploys are refused)" in out
+    assert "steps: preflight -> planned only (Quadlet units are refused)" in out
 
 
 def test_secret_looking_env_values_are_never_shown():

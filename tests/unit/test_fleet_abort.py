@@ -51,7 +51,7 @@ def test_a_deploy_outcome_names_the_release_the_host_was_on(t, tmp_path, monkeyp
     """What the fleet returns to comes from the host: `current` as the locked baseline step read it."""
 
     unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
-    pf = SimpleNamespace(staged_ahead=None, unit_bytes=unit, dropins={}, redact=lambda text: text, summary=lambda: {}, baseline=None,
+    pf = SimpleNamespace(staged_ahead=None, container_facts=None, unit_bytes=unit, dropins={}, redact=lambda text: text, summary=lambda: {}, baseline=None,
                          playbook=None)
 
     def stage(self):

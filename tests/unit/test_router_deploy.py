@@ -75,7 +75,7 @@ def _deploy(link, tmp_path, engine, seat, monkeypatch, *, probes_ok: bool = True
             bake=None, release_faults: dict | None = None):
     """A Deploy on the loopback host whose engine is `engine`; switch and restart restart it."""
     host = dataclasses.replace(link.host, vars=dataclasses.replace(link.host.vars, api_port=engine.port))
-    pf = SimpleNamespace(staged_ahead=None, unit_bytes=UNIT, dropins={}, redact=lambda text: text,
+    pf = SimpleNamespace(staged_ahead=None, container_facts=None, unit_bytes=UNIT, dropins={}, redact=lambda text: text,
                          summary=lambda: {}, baseline=None, playbook=None, gpu_health=None)
     playbook = SimpleNamespace(algo="ddtree", smoke=Smoke(), bake=bake)
     d = Deploy(link, DeployRequest(host=host, playbook=playbook, root=tmp_path, seat=seat), pf, echo=lambda line: None)

@@ -247,7 +247,7 @@ def _switched_deploy(t, tmp_path, monkeypatch):
     from fleetspec.ops.deploy import Deploy, DeployRequest, StepFailed
 
     unit = b"[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server\n"
-    pf = SimpleNamespace(staged_ahead=None, unit_bytes=unit, dropins={}, redact=lambda text: text,
+    pf = SimpleNamespace(staged_ahead=None, container_facts=None, unit_bytes=unit, dropins={}, redact=lambda text: text,
                          summary=lambda: {}, baseline=None, playbook=None, gpu_health=None)
 
     def stage(self):

@@ -159,7 +159,7 @@ def test_smoke_reuse_false_keeps_no_verdict_and_asks_for_none(tmp_path, reuse):
     same content) and the runner the hook that keeps its verdict; false gives neither."""
     pf = SimpleNamespace(python="/venv/bin/python3", patchset=None, playbook=SimpleNamespace(smoke=Smoke(reuse=reuse)),
                          sglang=SimpleNamespace(site_packages="/venv/site", version="0.5.13.post1"), site_packages="/venv/site",
-                         sglang_version="0.5.13.post1",
+                         sglang_version="0.5.13.post1", container=None,
                          smoke_scripts=lambda kernels_dir: [("imports", f"print({kernels_dir!r})", None)],
                          patch_files=lambda: {}, kernel_files=lambda: {})
     state = _state(None, tmp_path)

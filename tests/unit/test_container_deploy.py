@@ -1,0 +1,192 @@
+"""A deploy onto a `podman run` / `docker run` unit: what preflight records and refuses
+(ops.container_plan.deployable), the release's host argv and drop-in, the smoke runner's container,
+the baseline's image and what rollback checks of the running container. Facts are `podman inspect`
+output captured from podman 4.3.1 on the lab's pd hosts (tests/fixtures/containers/README.md); the
+facts' command runs over the loopback sshd with a runtime stand-in printing that output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fleetspec import systemd_unit
+from fleetspec.errors import UserError
+from fleetspec.lab import profiles
+from fleetspec.model import container_launch
+from fleetspec.model.baseline import Baseline
+from fleetspec.model.container_launch import parse_run
+from fleetspec.model.inventory import load_inventory
+from fleetspec.model.layout import HostLayout
+from fleetspec.model.playbook import load_playbook
+from fleetspec.ops import container_plan, rendering, smoke_run, staging
+from fleetspec.ops.outcome import DeployRequest
+from fleetspec.remote.facts import container_inspect
+
+ROOT = Path(__file__).parents[2]
+CAPTURED = ROOT / "tests" / "fixtures" / "containers"
+LAB_IMAGE = "localhost/sglang-lab:0.5.23"
+LAB_DIGEST = "sha256:e67df7ad346903f22ae8baff79a3b8e8c373a6b075983220b5fbf18f7640ecd9"
+LAB_ID = "5ceba7788d6354843f00f1cefa05d9a518036b33bed47458b8f8a60c97ba281b"
+
+
+def _running() -> container_inspect.Inspected:
+    """The lab's pd host serving its baseline, as `podman inspect` printed it."""
+    return container_inspect.parse((CAPTURED / "podman-4.3.1-lab-running.txt").read_text())
+
+
+def test_container_facts_are_the_runtime_image_id_and_digest():
+    run = parse_run(profiles.PODMAN_ARGV)
+    assert container_plan.container_facts("pd1: s", run, _running()) == {
+        "runtime": "podman", "version": "podman version 4.3.1", "image": LAB_IMAGE, "image_id": LAB_ID,
+        "digest": LAB_DIGEST}
+
+
+def test_container_facts_refuse_what_a_deploy_cannot_run():
+    run = parse_run(profiles.PODMAN_ARGV)
+    got = _running()
+    with pytest.raises(UserError, match=r"^pd1: s: podman not found on the host \(/usr/bin/podman\)$"):
+        container_plan.container_facts("pd1: s", run, dataclasses.replace(got, version=None))
+    with pytest.raises(UserError, match="image localhost/sglang-lab:0.5.23 is not on the host; a deploy never pulls"):
+        container_plan.container_facts("pd1: s", run, dataclasses.replace(got, image=None))
+    wrapped = container_inspect.parse_image((CAPTURED / "podman-4.3.1-image-inspect-entrypoint.json").read_text())
+    with pytest.raises(UserError, match=r"ENTRYPOINT \['/bin/true', '--wrapped'\] in front of the engine command"):
+        container_plan.container_facts("pd1: s", run, dataclasses.replace(got, image=wrapped))
+
+
+def test_quadlet_units_are_told_by_where_the_generator_put_them():
+    assert container_plan.is_generated("/run/systemd/generator/sglang.service")
+    assert not container_plan.is_generated("/etc/systemd/system/sglang-qwen.service")
+    assert not container_plan.is_generated("/run/systemd/generatorx/s.service") and not container_plan.is_generated(None)
+
+
+def _request(tmp_path, sshd, key, writer, python: str = "/opt/sglang/venv/bin/python3", **kw) -> DeployRequest:
+    inv = writer(tmp_path / f"inv-{len(python)}.yaml", {"h": sshd}, key, host_vars={
+        "h": f"{{extra: {{sglang_version: 0.5.23}}, draft_model_path: /models/draft, python: {python}}}"})
+    return DeployRequest(host=load_inventory(inv).hosts["h"], playbook=load_playbook(ROOT / "playbooks" / "ddtree.yaml"),
+                         root=ROOT, **kw)
+
+
+def _stand_in(tmp_path) -> Path:
+    """A `podman` printing the lab's captured image inspect."""
+    runtime = tmp_path / "bin" / "podman"
+    runtime.parent.mkdir()
+    image = CAPTURED / "podman-4.3.1-lab-running.txt"
+    runtime.write_text("#!/bin/sh\n"
+                       'case "$1 $2" in\n'
+                       '  "--version ") echo "podman version 4.3.1";;\n'
+                       f'  "image inspect") sed -n "/ image 0$/,/FLEETSPEC-INSPECT container/p" {shlex.quote(str(image))}'
+                       " | sed '1d;$d';;\n"
+                       "  *) exit 2;;\nesac\n")
+    runtime.chmod(0o755)
+    return runtime
+
+
+def test_deployable_reads_the_host_and_refuses_in_one_line(tmp_path, t, sshd, ssh_client_key, inventory_writer):
+    runtime = _stand_in(tmp_path)
+    run = parse_run([str(runtime), *profiles.PODMAN_ARGV[1:]])
+    req = _request(tmp_path, sshd, ssh_client_key, inventory_writer)
+    facts = container_plan.deployable(t, req, "s.service", run, fragment_path="/etc/systemd/system/s.service")
+    assert (facts["image_id"], facts["digest"]) == (LAB_ID, LAB_DIGEST)
+    with pytest.raises(container_plan.ContainerPlanned, match="generator/s.service, a Quadlet unit.*planned only"):
+        container_plan.deployable(t, req, "s.service", run, fragment_path="/run/systemd/generator/s.service")
+    in_place = dataclasses.replace(req, mode="in-place")
+    with pytest.raises(UserError, match="--mode in-place writes into the host's sglang, not the image's"):
+        container_plan.deployable(t, in_place, "s.service", run, fragment_path="/etc/s.service")
+    pythonpath = parse_run([str(runtime), "run", "-e", "PYTHONPATH=/x", *profiles.PODMAN_ARGV[-len(run.engine.argv) - 1:]])
+    with pytest.raises(UserError, match=r"^h: s.service: .*-e PYTHONPATH=…"):
+        container_plan.deployable(t, req, "s.service", pythonpath, fragment_path="/etc/s.service")
+    serve = parse_run([str(runtime), "run", "--rm", LAB_IMAGE, "sglang", "serve", "--model-path", "/m"])
+    with pytest.raises(UserError, match="the smoke tests need the python that runs the engine"):
+        container_plan.deployable(t, req, "s.service", serve, fragment_path="/etc/s.service")
+    elsewhere = _request(tmp_path, sshd, ssh_client_key, inventory_writer, python="/usr/bin/python3")
+    with pytest.raises(UserError, match=r"engine runs /opt/sglang/venv/bin/python3 inside the image, but fleetspec "
+                                        r"reads sglang's files with vars.python \(/usr/bin/python3\) on the host"):
+        container_plan.deployable(t, elsewhere, "s.service", run, fragment_path="/etc/s.service")
+
+
+def _preflight(root: Path, files: bool = True):
+    from fleetspec.ops import argv as argv_ops
+    from fleetspec.ops.preflight_result import Preflight
+
+    run = parse_run(profiles.PODMAN_ARGV)
+    playbook = load_playbook(root / "playbooks" / "ddtree.yaml")
+    new_argv = [*run.engine.argv[:-2], "--speculative-algorithm", "DDTREE"]
+    launch = argv_ops.LaunchPlan(form=run.engine, derived=SimpleNamespace(
+        kept=[], dropped=[], carried=[], added=[], changed=[], algorithm="DFLASH"))
+    pf = Preflight(host=SimpleNamespace(name="pd1"), root=root, playbook=playbook, service="sglang-qwen.service",
+                   python=run.engine.argv[0], unit=None, unit_bytes=b"", dropins={}, exec_argv=list(run.argv),
+                   sglang=SimpleNamespace(version="0.5.23", site_packages="/opt/sglang/venv/lib/python3.11/site-packages"),
+                   torch=None, hybrid=False, options=SimpleNamespace(values={}), new_argv=new_argv,
+                   patchset=SimpleNamespace(files=[SimpleNamespace(path="sglang/x.py", base_sha256="ab")],
+                                            root=Path("ps")) if files else None, kernels=[],
+                   form=run.engine, launch=launch, container=run, container_facts={"image": LAB_IMAGE})
+    return pf, run
+
+
+def test_a_container_release_runs_the_same_runtime_words_with_the_release_mounted_and_labelled():
+    pf, run = _preflight(ROOT)
+    release = staging.new_release(pf, "20261204T000000Z-ddtree-0001", patch_files={"sglang/x.py": b"x = 1\n"},
+                                  kernel_files={})
+    root, current = "/var/lib/fleetspec", "/var/lib/fleetspec/sglang-qwen/current"
+    env = {**pf.playbook.launch.env, "PYTHONPATH": f"{current}/overlay"}      # the playbook's, then the release's
+    assert release.argv == container_launch.with_release(run, pf.new_argv, release_id=release.id, root=root, env=env)
+    at = release.argv.index(LAB_IMAGE)
+    assert release.argv[:run.image_at] == list(run.argv[:run.image_at])     # the operator's words, in place
+    assert release.argv[run.image_at:at] == ["--pull=never", "--label", f"fleetspec.release={release.id}", "-v",
+                                             f"{root}:{root}:ro", *[w for k, v in env.items() for w in ("-e", f"{k}={v}")]]
+    assert release.argv[at + 1:] == pf.new_argv
+    assert (release.exec_prefix, release.exec_path) == ("", None)
+    # the drop-in's ExecStart= is that argv, as systemd reads it back
+    text = rendering.dropin_text(pf, release)
+    lines = [ln for ln in text.splitlines() if ln.startswith("ExecStart=") and ln != "ExecStart="]
+    assert [list(c.argv) for c in systemd_unit.parse_exec(lines[0][len("ExecStart="):])] == [release.argv]
+
+
+def test_the_smoke_runner_runs_in_the_units_image_with_the_releases_overlay_first():
+    pf, run = _preflight(ROOT)
+    state = SimpleNamespace(layout=HostLayout("sglang-qwen.service"))
+    overlay = "/var/lib/fleetspec/sglang-qwen/releases/r1/overlay"
+    argv = shlex.split(smoke_run.container_command(pf, state, {"PYTHONPATH": overlay}))
+    assert argv[:3] == ["/usr/bin/podman", "run", "--rm"]
+    assert argv[argv.index("--entrypoint") + 1:argv.index("--entrypoint") + 4] == [run.engine.argv[0], LAB_IMAGE, "-c"]
+    assert "--name" not in argv and "-i" in argv and "--pull=never" in argv
+    assert ["-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro"] == argv[argv.index("-i") + 1:argv.index("-i") + 3]
+    assert f"PYTHONPATH={overlay}" in argv and "PYTHONSAFEPATH=1" in argv
+    for o in run.options:              # the unit's mounts, network and IPC, but not its name or --rm
+        if o.name in ("-v", "--network", "--ipc", "-e"):
+            assert " ".join(o.tokens) in " ".join(argv)
+
+
+def test_the_baseline_keeps_the_image_and_sees_a_changed_one():
+    facts = {"runtime": "podman", "version": "podman version 4.3.1", "image": LAB_IMAGE, "image_id": LAB_ID,
+             "digest": LAB_DIGEST}
+    b = Baseline(service="s", unit_path="/u", unit_bytes=b"[Service]\n", dropins={}, exec_argv=list(profiles.PODMAN_ARGV),
+                 environment={}, sglang={}, served_algorithm=None, declared_algorithm="DFLASH", container=facts)
+    back = Baseline.from_json(b.to_json())
+    assert back.container == facts and back.container_changes(dict(facts)) == []
+    assert back.container_changes({**facts, "digest": "sha256:00"}) == [
+        f"image {LAB_IMAGE} digest is sha256:00, baseline {LAB_DIGEST}"]
+    raw = json.loads(b.to_json())
+    del raw["container"]                               # a baseline recorded before containers deployed
+    older = Baseline.from_json(json.dumps(raw))
+    assert older.container == {} and older.container_changes(facts) == []
+
+
+def test_rollback_checks_the_running_container_against_the_baseline():
+    b = Baseline(service="s", unit_path="/u", unit_bytes=b"", dropins={}, exec_argv=list(profiles.PODMAN_ARGV),
+                 environment={}, sglang={}, served_algorithm=None, declared_algorithm=None,
+                 container={"image": LAB_IMAGE, "image_id": LAB_ID, "digest": LAB_DIGEST})
+    got = _running()
+    assert container_plan.container_problem(b, got) is None
+    other = dataclasses.replace(b, container={**b.container, "digest": "sha256:00"})
+    assert container_plan.container_problem(other, got) == f"image {LAB_IMAGE} is {LAB_DIGEST}, baseline sha256:00"
+    assert got.container is not None
+    labelled = dataclasses.replace(got, container=dataclasses.replace(
+        got.container, labels={**got.container.labels, "fleetspec.release": "r1"}))
+    assert container_plan.container_problem(b, labelled) == "the container sglang still carries release r1"
+    assert container_plan.container_problem(b, dataclasses.replace(got, image=None)).startswith(f"image {LAB_IMAGE} is missing")
