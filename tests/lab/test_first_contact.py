@@ -76,7 +76,13 @@ def test_lab_down_leaves_nothing_and_the_demo_runs_again_from_cold(lab_fleet):
     out = demo.stdout + demo.stderr
     assert demo.returncode == 0, out[-6000:]
     print(f"demo from a lab that was down: {time.monotonic() - started:.0f}s")
-    assert "was still loading; waited" in out, out[-6000:]        # the engines were cold
+    # cold engines: where the first `status --all` still saw ct129 loading, the deploy waited for it
+    # (how far a stand-in load gets before the deploy starts depends on the machine's load; the
+    # wait itself is proven every run by the loading-engine test above)
+    first = re.search(r"^ct129\s+(\S+)", out, re.M)
+    assert first and first.group(1) in ("ok", "loading"), out[-6000:]
+    if first.group(1) == "loading":
+        assert "was still loading; waited" in out, out[-6000:]
     s = _status(ROOT, "ct129")
     assert s["health"] == "ok" and s["algo"] == "DDTREE" and s["served_algo"] == "DDTREE", s
 
