@@ -79,7 +79,7 @@ def test_lab_down_leaves_nothing_and_the_demo_runs_again_from_cold(lab_fleet):
     # cold engines: where the first `status --all` still saw ct129 loading, the deploy waited for it
     # (how far a stand-in load gets before the deploy starts depends on the machine's load; the
     # wait itself is proven every run by the loading-engine test above)
-    first = re.search(r"^ct129\s+(\S+)", out, re.M)
+    first = re.search(r"^ct129  (\S+)  \S+/\S+", out, re.M)     # its first status line
     assert first and first.group(1) in ("ok", "loading"), out[-6000:]
     if first.group(1) == "loading":
         assert "was still loading; waited" in out, out[-6000:]
