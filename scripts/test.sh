@@ -36,6 +36,10 @@ lab_b_root=
 # commands it started) by its id; TERM, HUP and INT run the EXIT trap. (Not INT to pytest: a
 # background job starts with SIGINT ignored, and Python then never raises KeyboardInterrupt.)
 stop_group() { if [ -n "$1" ]; then kill -TERM -- "-$1" 2>/dev/null || true; fi; }
+announce_end() {  # pid, what, its output file: one line as soon as that run ends, with its last line
+  ( while kill -0 "$1" 2>/dev/null; do sleep 5; done
+    echo "test: $2 ended after $((SECONDS - t1))s: $(tail -n 1 "$3" 2>/dev/null)" ) &
+}
 # The second stream's session stops its hosts; on the way out (early or not) its fleet root's
 # `lab down` stops whatever is left, then that root goes.
 trap 'stop_group "$unit_pid"; stop_group "$lab_b_pid"
@@ -56,20 +60,14 @@ t1=$SECONDS
 setsid sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 python3 -m pytest -p no:cacheprovider tests/unit "$@"' \
   sh --junitxml="$times_dir/unit.xml" "$@" >"$unit_out" 2>&1 &
 unit_pid=$!
-(  # one line as soon as the unit tests end, so a broken build shows before the lab tests do
-  while kill -0 "$unit_pid" 2>/dev/null; do sleep 5; done
-  echo "test: unit tests ended after $((SECONDS - t1))s: $(tail -n 1 "$unit_out" 2>/dev/null)"
-) &
+announce_end "$unit_pid" "unit tests" "$unit_out"   # a broken build shows before the lab tests end
 lab_b_out=$(mktemp /var/tmp/fleetspec-lab-tests-b.XXXXXX)
 lab_b_root=$(mktemp -d /var/tmp/fleetspec-lab-root-b.XXXXXX)
 setsid env FLEETSPEC_LAB_ROOT="$lab_b_root" FLEETSPEC_LAB_HOSTS=ct131,ct201 FLEETSPEC_LAB_THIN_HOSTS=tn64,tn65,tn66 \
   FLEETSPEC_LAB_TREE_HOST=ct151 FLEETSPEC_LAB_POD_HOSTS=pd2 \
   python3 -m pytest -p no:cacheprovider "${lab_b[@]}" --junitxml="$times_dir/lab-b.xml" "$@" >"$lab_b_out" 2>&1 &
 lab_b_pid=$!
-(
-  while kill -0 "$lab_b_pid" 2>/dev/null; do sleep 5; done
-  echo "test: lab stream 2 (ct131, ct201) ended after $((SECONDS - t1))s: $(tail -n 1 "$lab_b_out" 2>/dev/null)"
-) &
+announce_end "$lab_b_pid" "lab stream 2 (ct131, ct201)" "$lab_b_out"
 lab_out=$(mktemp /var/tmp/fleetspec-lab-tests.XXXXXX)
 lab_rc=0
 python3 -m pytest -p no:cacheprovider "${lab_a[@]}" --junitxml="$times_dir/lab.xml" "$@" 2>&1 | tee "$lab_out" || lab_rc=$?
