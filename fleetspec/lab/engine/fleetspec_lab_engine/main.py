@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     settings.bite_at_start(faults, log)       # xid_at_start, crash_at_start (exits 1)
     load = float(faults.get("slow_load", config["load_seconds"]))
     log.info("Load weight begin (%.1f s)", load)
-    if stop.wait(load):
+    if settings.wait_stop(stop, load):
         sys.exit(0)
     if faults.get("hang_at_start"):
         log.info("fleetspec-lab fault hang_at_start: never finishing the model load")
-        stop.wait()
+        settings.wait_stop(stop)
         sys.exit(0)
 
     state = State(parsed, engine, config)
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     port = int(parsed.get("port") or 30000)
     httpd = serve(state, host, port)
     log.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
-    if not stop.wait(float(config["warmup_seconds"])):
+    if not settings.wait_stop(stop, float(config["warmup_seconds"])):
         state.status, state.up_since = "up", time.monotonic()
         log.info("The server is fired up and ready to roll!")
-        stop.wait()
+        settings.wait_stop(stop)
 
     log.info("Received SIGTERM; draining %d in-flight request(s)", state.inflight)
     with state.cond:

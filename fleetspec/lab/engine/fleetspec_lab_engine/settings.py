@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 ETC = Path(os.environ.get("FLEETSPEC_LAB_ETC", "/etc/fleetspec-lab"))
@@ -33,6 +35,18 @@ def _read(name: str) -> dict:
         print(f"fleetspec-lab: ignoring unreadable {ETC / name}: {err}", flush=True)
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def wait_stop(stop: threading.Event, seconds: float | None = None) -> bool:
+    """Event.wait in short slices: the kernel may hand SIGTERM to any thread, and CPython runs the
+    handler only when the main thread next runs bytecode, which a bare wait() would never do."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while not stop.is_set():
+        left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+        if left <= 0:
+            break
+        stop.wait(left)
+    return stop.is_set()
 
 
 def engine() -> dict:

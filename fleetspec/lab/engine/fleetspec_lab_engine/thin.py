@@ -185,10 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     if faults.get("crash_at_start"):
         print("RuntimeError: fleetspec-lab fault crash_at_start", flush=True)
         sys.exit(1)
-    if stop.wait(float(faults.get("slow_load", settings.engine()["load_seconds"]))):
+    if settings.wait_stop(stop, float(faults.get("slow_load", settings.engine()["load_seconds"]))):
         sys.exit(0)
     if faults.get("hang_at_start"):
-        stop.wait()
+        settings.wait_stop(stop)
         sys.exit(0)
     host, port = flag(argv, ("--host",), "127.0.0.1"), int(flag(argv, ("--port",), "30000"))
     httpd = ThreadingHTTPServer((host, port), handler(thin))
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     thin.up_since = time.monotonic()
     print(f"thin engine ready on {host}:{port}", flush=True)
-    stop.wait()
+    settings.wait_stop(stop)
     print(f"Received SIGTERM; draining {thin.inflight} in-flight request(s)", flush=True)
     thin.drain(float(settings.engine()["drain_seconds"]))
     httpd.shutdown()
