@@ -40,6 +40,7 @@ def verdict(name: str, ok: bool, text: str, **data) -> bool:
 
 
 def payload():
+    os.environ["FLEETSPEC_DDTREE_KERNEL"] = "cuda"     # the CUDA kernel is opt-in in the payload; here it is the subject
     spec = importlib.util.spec_from_file_location("ddtree_utils_gpu", PAYLOAD)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -239,8 +240,10 @@ def check_timing(du) -> bool:
 def check_attention(timeout: int) -> bool:
     script = REPO / "tests/unit/test_ddtree_attention.py"
     try:
+        # the repository on the path: a GPU machine has this checkout, not an installed fleetspec
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         done = subprocess.run([sys.executable, str(script), "--device", "cuda", "--size", "large"],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path})
     except subprocess.TimeoutExpired:
         return verdict("attention", False, f"did not finish within {timeout} s")
     lines = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]

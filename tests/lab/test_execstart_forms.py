@@ -152,8 +152,13 @@ def test_admin_dropin_appearing_before_the_switch_stops_the_restart(lab_fleet, h
         if line.startswith("FLEETSPEC-PAUSED switch"):
             break
         assert time.monotonic() < deadline, "".join(seen)
+    from tests.lab.reliability_lab import _wait_stopped
+
+    _wait_stopped(proc.pid)
+    # as `systemctl edit` leaves it: the drop-in written and systemd reloaded, before the switch
     late = "[Service]\nExecStart=\nExecStart=" + " ".join([PY, "-m", "sglang.launch_server", *ARGS]) + "\n"
-    sh(lab_fleet, host, f"cat > {DROPINS}/zzz-late.conf <<'EOF_UNIT'\n{late}EOF_UNIT")
+    sh(lab_fleet, host, f"cat > {DROPINS}/zzz-late.conf <<'EOF_UNIT'\n{late}EOF_UNIT\nsystemctl daemon-reload")
+    assert "DFLASH" in sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
     proc.send_signal(signal.SIGCONT)
     out = "".join(seen) + proc.stdout.read()
     assert proc.wait(timeout=600) == 1, out

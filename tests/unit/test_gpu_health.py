@@ -256,3 +256,17 @@ def test_gpu_check_script_reads_the_health_and_graph_size_from_nvidia_smi(host_w
     assert finding is None or finding in r.stdout, r.stdout
     assert "__FLEETSPEC_GPU__" in (out / "gpu-health.txt").read_text()
     assert not [line for line in r.stdout.splitlines() if line.startswith("FAIL")], r.stdout   # health only: no build
+
+
+def test_a_captured_h200_reads_as_one_healthy_gpu_and_refuses_a_launch_needing_two():
+    """nvidia-smi's real output (tests/fixtures/facts/gpu_health/h200-x1-captured.json: one H200,
+    driver 580, kernel log from dmesg) parses with nothing unread and passes every rule for TP 1
+    under CUDA 13.0; the same GPU under a TP 2 launch is the one count refusal."""
+    import json
+
+    case = json.loads((REPO / "tests/fixtures/facts/gpu_health/h200-x1-captured.json").read_text())
+    health = gpu_health.parse(case["stdout"])
+    assert [(g.name, g.memory_total_mib, g.driver) for g in health.gpus] == [("NVIDIA H200", 143771, "580.159.04")]
+    assert health.unread == [] and health.kernel_log == "dmesg" and health.xids == []
+    assert found(health, cuda="13.0", need=(1, "TP 1")) == []
+    assert found(health, cuda="13.0", need=(2, "TP 2")) == [("gpu_count", None)]

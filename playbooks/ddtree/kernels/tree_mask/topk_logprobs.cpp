@@ -14,7 +14,7 @@
 // ones, four SSE ones) and a branch-free polynomial exp, so every ISA gets SIMD code: the compiler's
 // auto-vectoriser left the scalar form of this loop scalar (a branch per value). It is compiled
 // for AVX-512, AVX2+FMA and baseline x86-64 and picked at load time (GCC target_clones); the
-// bench prints which one this CPU takes. Rows run in parallel with at::parallel_for.
+// bench prints which one this CPU takes. Rows run in parallel on std::threads (for_rows).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,8 +24,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -277,6 +280,37 @@ void row_topk(const scalar_t* row, int64_t vocab, int64_t k, float* out_v, int64
   for (int64_t j = 0; j < k; ++j) out_v[j] = out_v[j] - log_z;
 }
 
+// at::parallel_for runs serially in an extension built without -fopenmp, which cpp_extension does not
+// add (and a second OpenMP runtime beside torch's would oversubscribe the cores): measured, one
+// thread of sixteen did all the rows. So rows are split over std::threads, as many as torch's
+// intra-op setting (torch.set_num_threads) allows and the work pays for.
+template <typename F>
+void for_rows(int64_t rows, int64_t per_row, const F& f) {
+  constexpr int64_t kMinWork = int64_t{1} << 17;   // values per thread below which a thread costs more
+  int64_t n = std::min<int64_t>(std::max(1, at::get_num_threads()), rows);
+  n = std::min<int64_t>(n, std::max<int64_t>(1, rows * per_row / kMinWork));
+  if (n <= 1) {
+    f(0, rows);
+    return;
+  }
+  const int64_t chunk = (rows + n - 1) / n;
+  std::exception_ptr error;
+  std::mutex mu;
+  auto run = [&](int64_t begin, int64_t end) {
+    try {
+      f(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t begin = chunk; begin < rows; begin += chunk) pool.emplace_back(run, begin, std::min(rows, begin + chunk));
+  run(0, std::min(rows, chunk));
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 std::tuple<at::Tensor, at::Tensor> topk_logprobs_cpu(const at::Tensor& logits_in, int64_t k) {
   TORCH_CHECK(logits_in.dim() >= 1, "topk_logprobs: logits need a vocabulary dimension");
   const int64_t vocab = logits_in.size(-1);
@@ -291,7 +325,7 @@ std::tuple<at::Tensor, at::Tensor> topk_logprobs_cpu(const at::Tensor& logits_in
   int64_t* ip = ids.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "topk_logprobs_cpu", [&] {
     const scalar_t* src = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for_rows(rows, vocab, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(kBlock), bmax, scratch;
       for (int64_t r = begin; r < end; ++r) {
         if constexpr (std::is_same_v<scalar_t, double>) {

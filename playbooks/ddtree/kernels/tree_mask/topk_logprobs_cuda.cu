@@ -7,8 +7,9 @@
 // it; the k candidates are then ranked (value descending, lower index first) in shared memory.
 // Same contract as the CPU kernel: logp = logit - float32(log_z), ids int64.
 //
-// UNPROVEN until scripts/gpu-check.sh has run on a GPU: compiled and checked against the torch
-// fallback only there.
+// Checked only by scripts/gpu-check.sh on a GPU. Its H200 run (sm_90, nvcc 13.0, torch 2.11) built
+// and loaded it; the signed-zero fix below has not run on a GPU yet, and there it was slower than
+// torch's logsumexp + topk (shared-memory histogram atomics), so the fallback is not beaten yet.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -25,8 +26,11 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 
 __device__ __forceinline__ uint32_t order_key(float f) {
-  // Larger float -> larger key; -inf lowest of the non-NaN values.
+  // Larger float -> larger key; -inf lowest of the non-NaN values. -0.0 takes +0.0's key: they
+  // compare equal, so their order is the index order, as in torch's stable sort (the H200 run found
+  // -0.0 ranked below +0.0 when a row's top k reached its zeros).
   uint32_t u = __float_as_uint(f);
+  if (u == 0x80000000u) u = 0u;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
