@@ -105,7 +105,8 @@ class Exchange:
     def _pump(self) -> None:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise RemoteError(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}")
+            raise RemoteError(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}"
+                              + (f" ({self.lost})" if self.lost else ""))
         try:
             if self.chan.eof_received:   # nothing can follow EOF but the exit status or a close, and
                 self.chan.status_event.wait(min(left, IDLE_WAKE_S))   # select would return at once

@@ -315,9 +315,9 @@ class Transport:
             chan.settimeout(timeout)       # a dead link must not block exec_command forever
             chan.exec_command(full)
             ex.send(stdin)
-            ex.shutdown_write()
-            if ex.lost is not None:
+            if ex.lost is not None:      # the command may have run on part of its input
                 raise RemoteError(f"{self.name}: connection lost during {short(shown)}: {ex.lost}")
+            ex.shutdown_write()          # its EOF alone lost: the exit status says whether the command ran
             rc = ex.finish()
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise RemoteError(f"{self.name}: connection lost during {short(shown)}: {e}") from None

@@ -158,10 +158,13 @@ def test_admin_dropin_appearing_before_the_switch_stops_the_restart(lab_fleet, h
     # as `systemctl edit` leaves it: the drop-in written and systemd reloaded, before the switch
     late = "[Service]\nExecStart=\nExecStart=" + " ".join([PY, "-m", "sglang.launch_server", *ARGS]) + "\n"
     sh(lab_fleet, host, f"cat > {DROPINS}/zzz-late.conf <<'EOF_UNIT'\n{late}EOF_UNIT\nsystemctl daemon-reload")
-    assert "DFLASH" in sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
+    held = sh(lab_fleet, host, f"systemctl show -p DropInPaths,ExecStart {SERVICE}")
+    assert f"{DROPINS}/zzz-late.conf" in held and "DFLASH" in held, held
     proc.send_signal(signal.SIGCONT)
     out = "".join(seen) + proc.stdout.read()
-    assert proc.wait(timeout=600) == 1, out
+    if proc.wait(timeout=600) != 1 or "does not hold the derived ExecStart" not in out:
+        steps = [e for e in labtools.ledger(lab_fleet, host) if e.get("step") in ("switch", "restart", "probes")]
+        raise AssertionError(f"{out}\nledger: {steps[-6:]}\nheld before the switch: {held}")
     assert "does not hold the derived ExecStart" in out, out
     shown = sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
     assert "--speculative-algorithm DFLASH" in shown and "DDTREE" not in shown      # never served

@@ -382,3 +382,30 @@ def test_throughput_is_the_faster_of_two_rounds(transport):
     slow = 10 * 4 / (4 * 0.4)                                      # 25 tokens/s: round one's pace
     assert one.tokens_per_s[1] <= slow                              # one round: the unlucky figure
     assert best.tokens_per_s[1] > 2 * slow                          # two rounds: the host's real pace
+
+
+def test_a_lost_eof_alone_leaves_the_exit_status_to_speak_and_a_lost_input_raises(transport, monkeypatch):
+    """Seen once in CI under load: one of 12 parallel commands had its channel EOF fail (paramiko's
+    bare EOFError) on a connection that carried the other 11. A command whose input all went out
+    and that exited is its result; one whose input did not all go out is lost, as before."""
+    from fleetspec.remote.ssh_lib import paramiko
+
+    real = paramiko.Channel.shutdown_write
+    failed = []
+
+    def eof_lost_once(chan):
+        if not failed:
+            failed.append(chan)
+            raise EOFError()
+        return real(chan)
+
+    monkeypatch.setattr(paramiko.Channel, "shutdown_write", eof_lost_once)
+    r = transport.run(["echo", "ran"], timeout=20)
+    assert failed and (r.rc, r.stdout.strip()) == (0, "ran")
+
+    def input_lost(chan, data):
+        raise EOFError()
+
+    monkeypatch.setattr(paramiko.Channel, "send", input_lost)
+    with pytest.raises(RemoteError, match="connection lost during cat: the host stopped reading"):
+        transport.run(["cat"], stdin=b"x" * 10, timeout=20)
