@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import time
 import pytest
 import yaml
 
-from tests.lab import labtools
+from tests.lab import labtools, reliability_lab
 from tests.lab.labtools import fs
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -264,17 +263,7 @@ def ready_timeout(fleet, seconds: float | None):
 
 
 def _start_paused_deploy(fleet, step):
-    proc = subprocess.Popen([sys.executable, "-m", "fleetspec", "--root", str(fleet.root), "deploy", HOST,
-                             "--algo", "ddtree", "--yes"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "FLEETSPEC_PAUSE_AT": step})
-    seen = []
-    deadline = time.monotonic() + 600
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(f"FLEETSPEC-PAUSED {step}"):
-            return proc
-        assert time.monotonic() < deadline
-    raise AssertionError("deploy never reached " + step + ":\n" + "".join(seen))
+    return reliability_lab.start_paused(fleet.root, HOST, step, "--algo", "ddtree")
 
 
 def test_sigkill_after_switch_is_flagged_and_rollback_restores(lab_fleet, ct129):
