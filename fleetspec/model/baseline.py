@@ -36,6 +36,7 @@ class Baseline:
     notes: list[str] = field(default_factory=list)
     modes: dict[str, int] = field(default_factory=dict)   # path -> permission bits as found (restored so)
     container: dict[str, Any] = field(default_factory=dict)  # a container unit's runtime, image, image_id, digest
+    sources: dict[str, bytes] = field(default_factory=dict)  # path -> bytes a generator made the unit from (Quadlet)
 
     def container_changes(self, now: dict[str, Any] | None) -> list[str]:
         """The image the unit runs, changed since the baseline (a rollback must bring back this
@@ -55,6 +56,8 @@ class Baseline:
         raw["dropins"] = {p: base64.b64encode(b).decode() for p, b in self.dropins.items()}
         raw["unit_sha256"] = self.unit_sha256
         raw["dropins_sha256"] = {p: sha256(b) for p, b in self.dropins.items()}
+        raw["sources"] = {p: base64.b64encode(b).decode() for p, b in self.sources.items()}
+        raw["sources_sha256"] = {p: sha256(b) for p, b in self.sources.items()}
         return json.dumps(raw, indent=2, sort_keys=True)
 
     @classmethod
@@ -67,10 +70,13 @@ class Baseline:
         expected = raw.pop("dropins_sha256")
         if {p: sha256(b) for p, b in dropins.items()} != expected:
             raise ValueError("baseline drop-ins do not match their recorded sha256")
+        sources = {p: base64.b64decode(b) for p, b in (raw.pop("sources", None) or {}).items()}
+        if {p: sha256(b) for p, b in sources.items()} != (raw.pop("sources_sha256", None) or {}):
+            raise ValueError("baseline sources do not match their recorded sha256")
         if isinstance(raw.get("environment"), list):     # names only (older baselines)
             raw["environment"] = {name: None for name in raw["environment"]}
         raw["modes"] = {str(p): int(m) & 0o7777 for p, m in (raw.get("modes") or {}).items()}
-        return cls(unit_bytes=unit, dropins=dropins, **raw)
+        return cls(unit_bytes=unit, dropins=dropins, sources=sources, **raw)
 
     def differences(self, unit_bytes: bytes, dropins: dict[str, bytes], secret_names: Collection[str] = (),
                     secret_values: Collection[str] = ()) -> list[str]:

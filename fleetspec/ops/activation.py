@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetspec import systemd_unit
+from fleetspec import systemd_unit, unit_context
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.release import Release
 from fleetspec.ops import probes
@@ -86,12 +86,14 @@ def deactivate(t: TransportLike, state: HostState, baseline: Baseline, also=()) 
 
 def restore_baseline_files(t: TransportLike, baseline: Baseline) -> None:
     """Rewrite the unit file and admin drop-ins only where their bytes differ from the record, each
-    with the mode it had (a 0600 drop-in holding a token stays 0600; unrecorded: 0644 unit, 0600 drop-in)."""
-    wanted = {baseline.unit_path: baseline.unit_bytes, **baseline.dropins}
+    with the mode it had (a 0600 drop-in holding a token stays 0600; unrecorded: 0644 unit, 0600 drop-in).
+    A generated unit is not written: its source (a Quadlet file) is, and the reload regenerates it."""
+    unit = {} if unit_context.is_generated(baseline.unit_path) else {baseline.unit_path: baseline.unit_bytes}
+    wanted = {**unit, **baseline.sources, **baseline.dropins}
     got = files.sha256_map(t, wanted)
     for path, data in wanted.items():
         if got.get(path) != sha(data):
-            default = 0o644 if path == baseline.unit_path else 0o600
+            default = 0o644 if path == baseline.unit_path or path in baseline.sources else 0o600
             t.put_bytes(data, path, mode=baseline.modes.get(path, default) & 0o7777)
 
 

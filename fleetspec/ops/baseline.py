@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from fleetspec import unit_context
 from fleetspec.errors import FleetspecError, RemoteError, UserError
 from fleetspec.model import container_launch, hostjson
 from fleetspec.model import ledger as L
@@ -43,7 +44,7 @@ def retake(t: TransportLike, host, root) -> str:
             raise UserError(f"{host.name}: release {current} is active; run fleetspec rollback {host.name} first")
         unit = gather_unit(t, host.vars.service)
         unit_bytes, dropins, texts = read_unit_files(t, unit)
-        view = _View(host, unit, unit_bytes, dropins, list(exec_command(t, unit_bytes, texts).argv))
+        view = _View(host, unit, unit_bytes, dropins, list(exec_command(t, unit_bytes, texts, host.vars.service).argv))
         view.sglang = facts.gather(t, sglang_fact, python=host.vars.python)
         view.container_facts = _container_facts(t, host, view.exec_argv)
         try:
@@ -104,4 +105,13 @@ def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
         declared_algorithm=(pf.launch.derived.algorithm if pf.launch is not None
                             else argv_ops.speculative_algorithm_from_argv(pf.exec_argv)),
         taken_at=time.time(), taken_by=actor(), container=dict(getattr(pf, "container_facts", None) or {}),
+        sources=generator_sources(t, pf.unit),
     )
+
+
+def generator_sources(t: TransportLike, unit) -> dict[str, bytes]:
+    """The file a generator made the unit from (a Quadlet `.container`), which a rollback restores:
+    the generated unit itself is written again by every daemon-reload."""
+    if not unit_context.is_generated(unit.fragment_path) or not unit.source_path:
+        return {}
+    return {unit.source_path: t.get_bytes(unit.source_path)}

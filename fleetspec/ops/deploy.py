@@ -19,7 +19,6 @@ from fleetspec.model.release import BASELINE, Release, new_release_id
 from fleetspec.ops import activation, planning, probes, rendering, smoke_run, staging, steps
 from fleetspec.ops import preflight as preflight_mod
 from fleetspec.ops.baseline import take_baseline
-from fleetspec.ops.container_plan import ContainerPlanned
 from fleetspec.ops.deploy_failure import FailurePath
 from fleetspec.ops.deploy_router import RouterSteps
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
@@ -36,14 +35,7 @@ def deploy(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = p
            progress: Callable[[str | None], None] = lambda line: None,
            on_start: Callable[[Deploy], None] = lambda d: None) -> DeployOutcome:
     """Preflight (read-only; refuses bad input before the host is touched), then the deploy it decided."""
-    started = time.monotonic()
-    try:
-        pf = preflight_mod.run(t, req, echo, progress)
-    except ContainerPlanned as planned:                 # a container service: --plan only
-        if not req.plan_only:
-            raise
-        return DeployOutcome(req.host.name, Outcome.PLANNED, None, None, "", {}, {}, planned.plan,
-                             round(time.monotonic() - started, 2), 0.0, 0)
+    pf = preflight_mod.run(t, req, echo, progress)
     on_start(run := Deploy(t, req, pf, echo, progress))    # on a surprise, the caller can tell if it switched
     return run.run()
 

@@ -12,7 +12,7 @@ secret is refused: the drop-in and `systemctl show` would expose it.
 
 from __future__ import annotations
 
-from fleetspec import systemd_unit
+from fleetspec import systemd_unit, unit_context
 from fleetspec.errors import UserError
 from fleetspec.model.baseline import is_secret
 from fleetspec.model.inventory import Host
@@ -24,17 +24,19 @@ from fleetspec.remote.facts import env_files as env_files_fact
 from fleetspec.remote.facts import execenv
 
 
-def exec_command(t: TransportLike, unit_bytes: bytes, dropin_texts: list[str]) -> systemd_unit.ExecCommand:
-    """The effective ExecStart command; reads the host's environment files only when the command
-    uses variables (one more round trip for such units, none for the others)."""
+def exec_command(t: TransportLike, unit_bytes: bytes, dropin_texts: list[str], service: str) -> systemd_unit.ExecCommand:
+    """The effective ExecStart command of `service`, its name specifiers resolved (a Quadlet unit's
+    `%N`, `%t`); reads the host's environment files only when the command uses variables (one
+    more round trip for such units, none for the others)."""
     text = unit_bytes.decode(errors="replace")
+    specifiers = unit_context.unit_specifiers(service)
     try:
-        return execenv.effective_exec_command(text, dropin_texts)
+        return execenv.effective_exec_command(text, dropin_texts, specifiers)
     except systemd_unit.NeedsHostEnvironment:
         pass
-    patterns = tuple(execenv.env_file_patterns([text, *dropin_texts]))
+    patterns = tuple(execenv.env_file_patterns([text, *dropin_texts], specifiers))
     env = facts.gather(t, env_files_fact, patterns=patterns)
-    return execenv.effective_exec_command(text, dropin_texts, env=env)
+    return execenv.effective_exec_command(text, dropin_texts, specifiers, env=env)
 
 
 def check_variables(command: systemd_unit.ExecCommand, host: Host, playbook: Playbook | None, where: str) -> list[str]:

@@ -265,14 +265,17 @@ class HostState:
         unit or a drop-in its source's mode without group/other bits; the modes are recorded so that
         a rollback restores each file with the mode it had. Returns the baseline as written."""
         if not baseline.modes:
-            baseline = dataclasses.replace(baseline, modes=self.file_modes([baseline.unit_path, *baseline.dropins]))
+            baseline = dataclasses.replace(baseline, modes=self.file_modes([baseline.unit_path, *baseline.sources,
+                                                                            *baseline.dropins]))
         base = str(self.layout.baseline)
         tmp = base + files.TMP_SUFFIX
-        files.fresh_private_tree(self.io, str(self.layout.base), tmp, ("dropins",))
+        files.fresh_private_tree(self.io, str(self.layout.base), tmp, ("dropins", "sources"))
         self.io.put_bytes(baseline.to_json().encode(), f"{tmp}/baseline.json", mode=0o600)
         self.io.put_bytes(baseline.unit_bytes, f"{tmp}/unit", mode=copy_mode(baseline.modes.get(baseline.unit_path)))
         for i, (path, data) in enumerate(sorted(baseline.dropins.items())):
             self.io.put_bytes(data, f"{tmp}/dropins/{i:02d}-{Path(path).name}", mode=copy_mode(baseline.modes.get(path)))
+        for i, (path, data) in enumerate(sorted(baseline.sources.items())):
+            self.io.put_bytes(data, f"{tmp}/sources/{i:02d}-{Path(path).name}", mode=copy_mode(baseline.modes.get(path)))
         files.rename_into_place(self.io, tmp, base, replace=replace)
         if self.mirror:
             write_private(self.mirror / "baseline.json", baseline.to_json().encode())

@@ -81,8 +81,8 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
             raise UserError(f"{got[k]} (vars.python in {host.inventory_path})")
     run = svc.form if isinstance(svc.form, ContainerRun) else None
     form = svc.form.engine if isinstance(svc.form, ContainerRun) else svc.form     # the engine command
-    container = None if run is None else container_plan.deployable(t, req, svc.service, run,
-                                                                     fragment_path=svc.unit.fragment_path)
+    container = None if run is None else container_plan.deployable(
+        t, req, svc.service, run, fragment_path=svc.unit.fragment_path, source_path=svc.unit.source_path)
     waited = serving.require_serving(t, host, svc.unit, _or_none(got["age"]), probes.spec_for_host(host, None, playbook.probes),
                                      allow_unhealthy=req.allow_unhealthy, wait=wait_serving and not req.plan_only,
                                      progress=progress)
@@ -190,7 +190,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
         check_orphan_dropin(state, unit, host, files_fact.baseline_json)
         try:
-            command = execstart.exec_command(t, unit_bytes, dropin_texts)
+            command = execstart.exec_command(t, unit_bytes, dropin_texts, service)
         except ValueError as err:
             raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
         notes = execstart.check_variables(command, host, playbook, f"{host.name}: {service}")

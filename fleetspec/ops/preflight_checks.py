@@ -51,12 +51,6 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
     return unit_bytes, dropins, texts
 
 
-def effective_argv(unit_bytes: bytes, dropin_texts: list[str]) -> list[str]:
-    """ExecStart as the operator set it: the unit's, overridden by their drop-ins in order
-    (fleetspec's own drop-in is left out by read_unit_files)."""
-    return list(systemd_unit.effective_exec_command(unit_bytes.decode(errors="replace"), dropin_texts).argv)
-
-
 def check_dropin_order(unit, host, service: str) -> None:
     """fleetspec's drop-in must be the last word on ExecStart=: systemd applies drop-ins sorted by
     file name, so an admin drop-in named after ours would win and the release would serve the old

@@ -50,14 +50,26 @@ def is_secret_option(word: str) -> bool:
 
 
 def argv_secrets(argv: Iterable[str]) -> list[str]:
-    """The values an argv gives sglang's secret options (`--opt V`, `--opt=V`, a unique prefix)."""
+    """The values an argv gives sglang's secret options (`--opt V`, `--opt=V`, a unique prefix),
+    and a container runtime's `-e NAME=VALUE` of a secret-looking name (`--env NAME=V`,
+    `--env=NAME=V`, `-eNAME=V`, `-ie NAME=V`: the runtime's words are kept as written)."""
+    from fleetspec.model.baseline import is_secret
+
     argv, out = list(argv), []
     for i, word in enumerate(argv):
-        if not is_secret_option(word):
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if is_secret_option(word):
+            out.append(word.split("=", 1)[1] if "=" in word else nxt)
             continue
-        value = word.split("=", 1)[1] if "=" in word else (argv[i + 1] if i + 1 < len(argv) else "")
-        out.append(value)
+        assignment = (nxt if word == "--env" or _SHORT_E.fullmatch(word) else word[6:] if word.startswith("--env=")
+                      else word[2:] if word.startswith("-e") and "=" in word else "")
+        name, eq, value = assignment.partition("=")
+        if eq and value and is_secret(name, value):
+            out.append(value)
     return [v for v in out if v]
+
+
+_SHORT_E = re.compile(r"-[a-zA-Z]*e")    # `-e`, or a cluster of short flags ending in it (`-ie`)
 
 
 def redact_options(text: str) -> str:

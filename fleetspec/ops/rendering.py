@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from fleetspec import render, systemd_unit
 from fleetspec.errors import FleetspecError
 from fleetspec.model import ledger as L
+from fleetspec.model.baseline import sha256
 from fleetspec.model.release import BASELINE, Release
 from fleetspec.ops.hoststate import DROPIN_NAME, LEGACY_DROPIN_NAMES, HostState, dropin_path, legacy_dropin_paths
 from fleetspec.ops.staging import SECRETS_FILE, sha
@@ -96,6 +97,7 @@ def rollback_script(pf: Preflight, state: HostState, release: Release, previous_
         remove_files=[f"{release.site_packages}/{p}" for p, base in sorted(release.base_files.items())
                       if not base and release.mode == "in-place"],
         unit_sha256=baseline.unit_sha256, unit_path=baseline.unit_path,
+        sources=[{"path": p, "sha256": sha256(b)} for p, b in sorted(baseline.sources.items())],
     )
 
 

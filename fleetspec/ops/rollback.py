@@ -150,7 +150,8 @@ def engine_wait_s_note(switch_started: float, result) -> str:
 def verify_baseline(t: TransportLike, state: HostState, baseline: Baseline, host: str) -> None:
     """Prove byte-exactness after the fact: unit file and admin drop-ins hash as recorded, and
     fleetspec's drop-in is gone."""
-    wanted = {baseline.unit_path: baseline.unit_sha256, **{p: sha256(b) for p, b in baseline.dropins.items()}}
+    wanted = {baseline.unit_path: baseline.unit_sha256,
+              **{p: sha256(b) for p, b in [*baseline.sources.items(), *baseline.dropins.items()]}}
     ours = [state.dropin, *legacy_dropin_paths(state.service)]
     got = files.sha256_map(t, [*wanted, *ours])
     for path, digest in wanted.items():

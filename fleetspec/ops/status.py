@@ -115,7 +115,7 @@ def _fill(row: HostStatus, t: TransportLike, host: Host) -> None:
         if state is not None and state.baseline:
             _fill_unit_drift(row, t, host, got["files"])
         if unit.argv and container_launch.runtime_of(unit.exec_start[0].path) and not isinstance(got["files"], FleetspecError):
-            row.container = container_plan.container_status(t, got["files"])
+            row.container = container_plan.container_status(t, got["files"], host.vars.service)
             if row.container:
                 row.notes.append(container_plan.status_line(row.container))
     _probe_http(row, t, host, declared, None if isinstance(unit, FleetspecError) else unit, got["listener"])

@@ -7,6 +7,7 @@ facts' command runs over the loopback sshd with a runtime stand-in printing that
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shlex
 from pathlib import Path
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleetspec import systemd_unit
+from fleetspec import systemd_unit, unit_context
 from fleetspec.errors import UserError
 from fleetspec.lab import profiles
 from fleetspec.model import container_launch
@@ -58,10 +59,24 @@ def test_container_facts_refuse_what_a_deploy_cannot_run():
         container_plan.container_facts("pd1: s", run, dataclasses.replace(got, image=wrapped))
 
 
-def test_quadlet_units_are_told_by_where_the_generator_put_them():
-    assert container_plan.is_generated("/run/systemd/generator/sglang.service")
-    assert not container_plan.is_generated("/etc/systemd/system/sglang-qwen.service")
-    assert not container_plan.is_generated("/run/systemd/generatorx/s.service") and not container_plan.is_generated(None)
+def test_generated_units_are_told_by_where_the_generator_put_them():
+    assert unit_context.is_generated("/run/systemd/generator/sglang.service")
+    assert unit_context.is_generated("/run/systemd/generator.late/sglang.service")
+    assert not unit_context.is_generated("/etc/systemd/system/sglang-qwen.service")
+    assert not unit_context.is_generated("/run/systemd/generatorx/s.service") and not unit_context.is_generated(None)
+
+
+def test_quadlet_specifiers_resolve_as_the_system_manager_does():
+    spec = unit_context.unit_specifiers("sglang-qwen.service")
+    assert (spec["n"], spec["N"], spec["p"], spec["i"], spec["j"], spec["t"]) == (
+        "sglang-qwen.service", "sglang-qwen", "sglang-qwen", "", "qwen", "/run")
+    tpl = unit_context.unit_specifiers("sglang@gpu0.service")
+    assert (tpl["N"], tpl["p"], tpl["i"]) == ("sglang@gpu0", "sglang", "gpu0")
+    words = systemd_unit.effective_exec_command(
+        "[Service]\nExecStart=/usr/bin/podman run --name systemd-%N --cidfile=%t/%N.cid img x\n", (), spec).argv
+    assert words[3:6] == ("systemd-sglang-qwen", "--cidfile=/run/sglang-qwen.cid", "img")
+    with pytest.raises(systemd_unit.UnitSyntaxError, match="specifier %H needs the unit's context"):
+        systemd_unit.effective_exec_command("[Service]\nExecStart=/bin/x %H\n", (), spec)
 
 
 def _request(tmp_path, sshd, key, writer, python: str = "/opt/sglang/venv/bin/python3", **kw) -> DeployRequest:
@@ -92,8 +107,14 @@ def test_deployable_reads_the_host_and_refuses_in_one_line(tmp_path, t, sshd, ss
     req = _request(tmp_path, sshd, ssh_client_key, inventory_writer)
     facts = container_plan.deployable(t, req, "s.service", run, fragment_path="/etc/systemd/system/s.service")
     assert (facts["image_id"], facts["digest"]) == (LAB_ID, LAB_DIGEST)
-    with pytest.raises(container_plan.ContainerPlanned, match="generator/s.service, a Quadlet unit.*planned only"):
-        container_plan.deployable(t, req, "s.service", run, fragment_path="/run/systemd/generator/s.service")
+    quadlet = container_plan.deployable(t, req, "s.service", run, fragment_path="/run/systemd/generator/s.service",
+                                        source_path="/etc/containers/systemd/s.container")
+    assert quadlet == facts
+    with pytest.raises(UserError, match=r"^h: s.service: a generator wrote /run/systemd/generator/s.service from "
+                                        r"/etc/fstab; fleetspec deploys onto generated units from a Quadlet "
+                                        r"\.container file only$"):
+        container_plan.deployable(t, req, "s.service", run, fragment_path="/run/systemd/generator/s.service",
+                                  source_path="/etc/fstab")
     in_place = dataclasses.replace(req, mode="in-place")
     with pytest.raises(UserError, match="--mode in-place writes into the host's sglang, not the image's"):
         container_plan.deployable(t, in_place, "s.service", run, fragment_path="/etc/s.service")
@@ -190,3 +211,34 @@ def test_rollback_checks_the_running_container_against_the_baseline():
         got.container, labels={**got.container.labels, "fleetspec.release": "r1"}))
     assert container_plan.container_problem(b, labelled) == "the container sglang still carries release r1"
     assert container_plan.container_problem(b, dataclasses.replace(got, image=None)).startswith(f"image {LAB_IMAGE} is missing")
+
+
+def test_the_baseline_keeps_a_quadlet_file_and_restores_it_not_the_generated_unit(t, tmp_path):
+    from fleetspec.ops.activation import restore_baseline_files
+    from fleetspec.ops.rendering import _template
+
+    source = tmp_path / "sglang-qwen.container"
+    recorded = b"[Container]\nImage=localhost/sglang-lab:0.5.23\nExec=/opt/v/bin/python3 -m sglang.launch_server\n"
+    generated = "/run/systemd/generator/fleetspec-no-such-folder/sglang-qwen.service"   # never written
+    b = Baseline(service="sglang-qwen.service", unit_path=generated, unit_bytes=b"[Service]\n", dropins={},
+                 exec_argv=list(profiles.PODMAN_ARGV), environment={}, sglang={}, served_algorithm=None,
+                 declared_algorithm="DFLASH", sources={str(source): recorded})
+    back = Baseline.from_json(b.to_json())
+    assert back.sources == {str(source): recorded}
+    raw = json.loads(b.to_json())
+    raw["sources"][str(source)] = "eA=="
+    with pytest.raises(ValueError, match="baseline sources do not match their recorded sha256"):
+        Baseline.from_json(json.dumps(raw))
+    del raw["sources"], raw["sources_sha256"]                     # a baseline recorded before Quadlet deployed
+    assert Baseline.from_json(json.dumps(raw)).sources == {}
+    source.write_bytes(recorded + b"PodmanArgs=--edited-by-hand\n")
+    source.chmod(0o640)
+    restore_baseline_files(t, dataclasses.replace(b, modes={str(source): 0o644}))
+    assert source.read_bytes() == recorded and source.stat().st_mode & 0o777 == 0o644
+    assert not Path(generated).parent.exists()
+    script = _template(ROOT, "rollback.sh.j2").render(
+        service="s", release=SimpleNamespace(id="r"), previous_label="baseline", state_dir="/x", dropin_path="/d",
+        legacy_dropin_paths=[], previous_dropin=[], previous_dropin_sha256="", previous_current="",
+        restore_files=[], remove_files=[], unit_sha256=b.unit_sha256, unit_path=generated,
+        sources=[{"path": str(source), "sha256": hashlib.sha256(recorded).hexdigest()}])
+    assert f"{hashlib.sha256(recorded).hexdigest()}  {source}" in script

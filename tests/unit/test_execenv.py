@@ -240,14 +240,14 @@ def test_exec_command_reads_the_hosts_files_only_when_variables_are_used(t, tmp_
     env_file.write_bytes(b'OPTS="--tp 2 --port 30000"\nMODEL=/models/q\n')
     unit = (f"[Service]\nEnvironmentFile={env_file}\nEnvironmentFile=-/nonexistent/x\n"   # the whole value: one path
             f"ExecStart={PY} -m sglang.launch_server --model-path ${{MODEL}} $OPTS\n").encode()
-    cmd = execstart.exec_command(t, unit, [])
+    cmd = execstart.exec_command(t, unit, [], "sglang.service")
     assert cmd.argv == (PY, "-m", "sglang.launch_server", "--model-path", "/models/q", "--tp", "2", "--port", "30000")
     assert len(seen) == 1
-    plain = execstart.exec_command(t, f"[Service]\nExecStart={PY} -m sglang.launch_server $$x\n".encode(), [])
+    plain = execstart.exec_command(t, f"[Service]\nExecStart={PY} -m sglang.launch_server $$x\n".encode(), [], "sglang.service")
     assert plain.argv[-1] == "$x" and len(seen) == 1            # no variables: no host read
     env_file.write_bytes(b"MODEL=\xff\n")
     with pytest.raises(systemd_unit.UnitSyntaxError, match="invalid UTF-8"):
-        execstart.exec_command(t, unit, [])
+        execstart.exec_command(t, unit, [], "sglang.service")
 
 
 def test_a_secret_in_a_variable_is_refused_and_the_rest_is_noted(tmp_path, sshd, ssh_client_key, inventory_writer):

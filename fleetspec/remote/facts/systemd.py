@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "FragmentPath", "DropInPaths", "ExecStart",
-              "Environment", "NRestarts", "Result", "LoadState", "UnitFileState")
+              "Environment", "NRestarts", "Result", "LoadState", "UnitFileState", "SourcePath")
 NO_SYSTEMCTL = "__FLEETSPEC_NO_SYSTEMCTL__"
 
 _EXEC = re.compile(
@@ -50,6 +50,7 @@ class SystemdUnit:
     n_restarts: int | None = None
     result: str | None = None
     unit_file_state: str | None = None
+    source_path: str | None = None    # what a generator made the unit from (a Quadlet .container)
     raw: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @property
@@ -163,4 +164,4 @@ def parse(stdout: str, service: str = "") -> SystemdUnit:
         unit=service, load_state=one("LoadState"), active_state=one("ActiveState"), sub_state=one("SubState"),
         main_pid=_int(one("MainPID")), fragment_path=one("FragmentPath"), dropin_paths=dropins,
         exec_start=execs, environment=env, n_restarts=_int(one("NRestarts")), result=one("Result"),
-        unit_file_state=one("UnitFileState"), raw=raw)
+        unit_file_state=one("UnitFileState"), source_path=one("SourcePath"), raw=raw)
