@@ -245,7 +245,7 @@ def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: s
 
 # Options a second, short-lived container of the same unit must not repeat: a fixed name, a
 # detached or restarted container, published ports, the healthcheck, files only one may own.
-NOT_FOR_SMOKE = frozenset({"--name", "--rm", "-d", "--detach", "--restart", "-p", "--publish", "-P",
+NOT_FOR_SMOKE = frozenset({"--name", "--rm", "-d", "--detach", "--restart", "-p", "--publish", "-P", "--cgroups",
                            "--publish-all", "--cidfile", "--pidfile", "--conmon-pidfile", "--replace",
                            "--sdnotify", "-t", "--tty", "-i", "--interactive", "--health-cmd",
                            "--health-interval", "--health-retries", "--health-start-period",

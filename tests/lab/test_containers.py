@@ -1,12 +1,14 @@
-"""A host whose engine runs under `podman run` (the lab's pd hosts, docs/guide/containers.md): the
-engine really runs in a container inside the nspawn host and fleetspec's status reads it; a deploy
-runs end to end (smoke tests in the image, the drop-in's ExecStart through the release's mount and
-label, restart, probes, gates), status and history show the container, and `fleetspec rollback` and
-rollback.sh bring back the exact unit bytes and image; a release that crashes at start reverts.
+"""Hosts whose engine runs in a container (docs/guide/containers.md): a unit whose ExecStart is
+`podman run …` (the lab's pd hosts) and a service Podman's Quadlet generates from a `.container`
+file (the pq hosts). The engine really runs in a container inside the nspawn host and fleetspec's
+status reads it; a deploy runs end to end on both (smoke tests in the image, the drop-in's ExecStart
+through the release's mount and label, restart, probes, gates), status and history show the
+container, and `fleetspec rollback` and rollback.sh bring back the exact unit (or Quadlet file)
+bytes and image; a release that crashes at start reverts.
 
-One pd host for the module (FLEETSPEC_LAB_POD_HOSTS, default pd1), taken down after it; its image
-is built once in the lab's cache (minutes, cold). Opt-in: the module runs with
-FLEETSPEC_LAB_CONTAINERS=1 (set-up then builds the image too), and skips otherwise.
+One pd and one pq host for the module (FLEETSPEC_LAB_POD_HOSTS, FLEETSPEC_LAB_QUADLET_HOSTS), taken
+down after it; their image is built once in the lab's cache (minutes, cold). Opt-in: the module
+runs with FLEETSPEC_LAB_CONTAINERS=1 (set-up then builds the image too), and skips otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from tests.lab.labtools import fs, json_rows, sh
 pytestmark = [pytest.mark.lab]
 
 POD_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_POD_HOSTS", "pd1").split(","))
+QUADLET_HOSTS = tuple(os.environ.get("FLEETSPEC_LAB_QUADLET_HOSTS", "pq1").split(","))
 UNIT = "/etc/systemd/system/sglang-qwen.service"
+QUADLET_FILE = "/etc/containers/systemd/sglang-qwen.container"
+GENERATED = "/run/systemd/generator/sglang-qwen.service"
+BOTH = [POD_HOSTS[0], QUADLET_HOSTS[0]]
+
+
+def container_name(host: str) -> str:
+    """pd hosts name their container; Quadlet's default is systemd-%N."""
+    return "systemd-sglang-qwen" if host in QUADLET_HOSTS else "sglang"
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +49,12 @@ def pod_fleet():
                     "~4 min to a cold set-up; docs/guide/containers.md)")
     from fleetspec.lab import lab
 
-    result = lab.up(FLEET_ROOT, POD_HOSTS, log=lambda m: print(m, flush=True))
-    fleet = LabFleet(FLEET_ROOT, result.inventory, dict(result.addresses), result.seconds, POD_HOSTS)
+    hosts = (*POD_HOSTS, *QUADLET_HOSTS)
+    result = lab.up(FLEET_ROOT, hosts, log=lambda m: print(m, flush=True))
+    fleet = LabFleet(FLEET_ROOT, result.inventory, dict(result.addresses), result.seconds, hosts)
     yield fleet
     if os.environ.get("FLEETSPEC_KEEP_LAB") != "1":
-        lab.down(FLEET_ROOT, only=POD_HOSTS)
+        lab.down(FLEET_ROOT, only=hosts)
 
 
 def ready(fleet, host, timeout=120.0) -> bool:
@@ -73,12 +85,14 @@ def test_the_engine_runs_in_a_container_and_status_reads_it(pod_fleet):
 
 
 def snapshot(fleet, host) -> str:
-    """The unit's bytes, the drop-ins, the image's id and digest, and the running container's image
-    and release label: what a rollback must bring back exactly."""
-    return sh(fleet, host, f"sha256sum {UNIT}; ls {UNIT}.d 2>/dev/null; "
+    """The unit's bytes (a Quadlet host: its .container file and the unit generated from it), the
+    drop-ins, the image's id and digest, and the running container's image and release label:
+    what a rollback must bring back exactly."""
+    files = f"{QUADLET_FILE} {GENERATED}" if host in QUADLET_HOSTS else UNIT
+    return sh(fleet, host, f"sha256sum {files}; ls {UNIT}.d 2>/dev/null; "
                            "podman image inspect --format '{{.Id}} {{.Digest}}' localhost/sglang-lab:0.5.23; "
                            "podman inspect --type container --format "
-                           "'{{.Image}} label={{index .Config.Labels \"fleetspec.release\"}}' sglang")
+                           f"'{{{{.Image}}}} label={{{{index .Config.Labels \"fleetspec.release\"}}}}' {container_name(host)}")
 
 
 def on_baseline(fleet, host, before: str) -> None:
@@ -92,10 +106,11 @@ def deployed(r) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
+@pytest.mark.parametrize("host", BOTH)
+def test_deploy_and_rollback_on_a_container_unit(pod_fleet, host):
     """The whole deploy (smoke in the image, drop-in, restart, probes, gates) and the rollback to
-    the exact unit bytes and image; status and history show the container and its release."""
-    host = POD_HOSTS[0]
+    the exact unit (or Quadlet file) bytes and image; status and history show the container and its
+    release. On the Quadlet host the .container file and the generated unit are never written."""
     assert ready(pod_fleet, host)
     before = snapshot(pod_fleet, host)
     digest = before.splitlines()[-2].split()[1]
@@ -104,6 +119,11 @@ def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
     assert out["status"] == "healthy", out
     shown = sh(pod_fleet, host, "systemctl show -p ExecStart --value sglang-qwen.service")
     assert f"--label fleetspec.release={release}" in shown and "--pull=never" in shown
+    if host in QUADLET_HOSTS:          # the drop-in sits on the generated unit; Quadlet's words stay
+        assert "--name systemd-sglang-qwen --cidfile=/run/sglang-qwen.cid" in shown
+        assert snapshot(pod_fleet, host).splitlines()[:2] == before.splitlines()[:2]
+        recorded = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
+        assert list(recorded["sources"]) == [QUADLET_FILE] and recorded["unit_path"] == GENERATED
     assert "-v /var/lib/fleetspec:/var/lib/fleetspec:ro" in shown and "DDTREE" in shown
     image_id, label = snapshot(pod_fleet, host).splitlines()[-1].split()
     assert label == f"label={release}" and image_id == before.splitlines()[-2].split()[0]   # the same image, labelled
@@ -114,6 +134,8 @@ def test_deploy_and_rollback_on_a_podman_run_unit(pod_fleet):
         release, digest, "running")
     story = " ".join(fs(pod_fleet, "history", host, release, check_rc=0).stdout.split())     # unwrapped
     assert f"container: podman localhost/sglang-lab:0.5.23 ({digest}), label fleetspec.release={release}" in story
+    if host in QUADLET_HOSTS:          # an edit of the Quadlet file not yet loaded: the rollback undoes it
+        sh(pod_fleet, host, f"echo '# edited during the release' >> {QUADLET_FILE}")
     fs(pod_fleet, "rollback", host, check_rc=0)
     on_baseline(pod_fleet, host, before)
 
@@ -132,8 +154,8 @@ def test_rollback_sh_by_hand_restores_the_unit_and_image(pod_fleet):
     on_baseline(pod_fleet, host, before)
 
 
-def test_a_release_that_crashes_at_start_reverts_to_the_baseline(pod_fleet):
-    host = POD_HOSTS[0]
+@pytest.mark.parametrize("host", BOTH)
+def test_a_release_that_crashes_at_start_reverts_to_the_baseline(pod_fleet, host):
     assert ready(pod_fleet, host)
     before = snapshot(pod_fleet, host)
     fs(pod_fleet, "lab", "fault", host, "crash_at_start", "only_algorithm=DDTREE", check_rc=0)
