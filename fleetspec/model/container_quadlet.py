@@ -10,9 +10,9 @@ so an Exec word with a specifier other than `%%` or with a variable is refused h
 
 Deriving changes one thing: the last `Exec=` line (with its continuation lines) is replaced by
 `Exec=<new command>`, quoted as an ExecStart= word is (render.systemd_quote); every other byte
-of the file stays. Rollback restores the recorded file bytes. `with_release` is the Quadlet form of
-container_launch.with_release (render only: Quadlet units are not deployed yet, and the lab's
-podman 4.3.1 has no Quadlet generator to run it).
+of the file stays. This reads published `.container` files (the corpus); a deploy onto a Quadlet
+host works from the unit Quadlet generated instead (ops.container_plan: a drop-in on it, the
+`.container` file never written).
 """
 
 from __future__ import annotations
@@ -166,31 +166,3 @@ def derive_quadlet(q: QuadletContainer, table: launch.OptionTable, flags: Sequen
         raise LaunchRefused("a Quadlet file fleetspec cannot rewrite exactly", "the new Exec= does not read back "
                             "as the derived command", ADVICE)
     return text
-
-
-def with_release(q: QuadletContainer, text: str, *, release_id: str, root: str, env: dict[str, str]) -> str:
-    """`text` (the file with its derived Exec=, derive_quadlet's) with the release's run options
-    as Quadlet keys, inserted after the last line of `[Container]`, every other byte kept:
-    `Volume=<root>:<root>:ro`, `Environment=` for fleetspec's environment, `Label=` with the release
-    id and `PodmanArgs=--pull=never`; what podman runs is then with_release's argv. An operator
-    `Environment=` or `-e` in PodmanArgs= of a name fleetspec sets is refused."""
-    from fleetspec import systemd_unit
-    from fleetspec.model.container_launch import RELEASE_LABEL
-
-    # Quadlet's Environment= is systemd's: read as a unit's Environment= lines are
-    written = set(systemd_unit.effective_environment(
-        "[Service]\n" + "".join(f"Environment={v}\n" for v in q.values("Environment")), []))
-    written |= {(o.value or "").split("=", 1)[0] for o in q.podman_args if o.name in ("-e", "--env")}
-    clash = sorted(written & set(env))
-    if clash:
-        raise LaunchRefused(f"a Quadlet Environment={clash[0]}=…", "fleetspec sets it for the release and would "
-                            "hide the operator's value", "move it into the image")
-    lines, found = entries(text)
-    last = max(e.last for e in found if e.section == "Container")
-    ending = lines[last][len(lines[last].rstrip("\r\n")):] or "\n"
-    if not lines[last].endswith(("\n", "\r")):
-        lines[last] += ending
-    added = [f"Volume={root}:{root}:ro", *(systemd_unit.environment_line(k, v) for k, v in env.items()),
-             f"Label={RELEASE_LABEL}={release_id}", "PodmanArgs=--pull=never"]
-    lines[last + 1:last + 1] = [a + ending for a in added]
-    return "".join(lines)

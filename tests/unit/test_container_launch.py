@@ -217,37 +217,3 @@ def test_inspect_of_captured_podman_and_published_docker_output():
            + (HELP / "podman-4.3.1-image-inspect.json").read_text() + f"\n{container_inspect.MARK} container 125\n\n")
     both = container_inspect.parse(out)
     assert both.version == "podman version 4.3.1" and both.image == image and both.container is None
-
-
-QUADLETS = [c for c in CORPUS if c["kind"] == "quadlet" and c["expect"] == "parsed"]
-
-
-@pytest.mark.parametrize("case", QUADLETS, ids=[c["id"] for c in QUADLETS])
-def test_quadlet_release_adds_its_run_options_and_keeps_every_other_byte(case):
-    """The Quadlet form of with_release on published .container files: the derived Exec=, then the
-    release's mount, environment, label and --pull=never as Quadlet keys at the end of [Container];
-    read back, they are the run options podman would get and the engine command is the derived one."""
-    got = container_quadlet.parse_quadlet(case["quadlet"])
-    derived = container_quadlet.derive_quadlet(got, launch.load_table("0.5.23"), FLAGS, version="0.5.23")
-    root, env = "/var/lib/fleetspec", {"PYTHONPATH": "/var/lib/fleetspec/s/current/overlay"}
-    text = container_quadlet.with_release(got, derived, release_id="r1", root=root, env=env)
-    before, after = derived.splitlines(keepends=True), text.splitlines(keepends=True)
-    last = max(e.last for e in container_quadlet.entries(derived)[1] if e.section == "Container")
-    assert after[:last + 1] == before[:last + 1] and after[last + 5:] == before[last + 1:]
-    assert [ln.rstrip("\n") for ln in after[last + 1:last + 5]] == [
-        f"Volume={root}:{root}:ro", "Environment=PYTHONPATH=/var/lib/fleetspec/s/current/overlay",
-        "Label=fleetspec.release=r1", "PodmanArgs=--pull=never"]
-    again = container_quadlet.parse_quadlet(text)
-    assert again.engine.argv == container_quadlet.parse_quadlet(derived).engine.argv and again.image == got.image
-    assert [o.tokens for o in again.podman_args][-1] == ("--pull=never",)
-    assert again.values("Label")[-1] == "fleetspec.release=r1" and again.values("Volume")[-1] == f"{root}:{root}:ro"
-    assert systemd_unit.effective_environment(f"[Service]\n{after[last + 2]}", [])["PYTHONPATH"] == env["PYTHONPATH"]
-
-
-def test_quadlet_release_refuses_an_operators_pythonpath():
-    text = "[Container]\nImage=i\nEnvironment=A=1 PYTHONPATH=/x\nExec=python3 -m sglang.launch_server --model-path m\n"
-    q = container_quadlet.parse_quadlet(text)
-    with pytest.raises(LaunchRefused, match="Quadlet Environment=PYTHONPATH=…"):
-        container_quadlet.with_release(q, text, release_id="r1", root="/r", env={"PYTHONPATH": "/p"})
-    tail = container_quadlet.with_release(q, text.rstrip("\n"), release_id="r1", root="/r", env={})
-    assert tail.endswith("--model-path m\nVolume=/r:/r:ro\nLabel=fleetspec.release=r1\nPodmanArgs=--pull=never\n")
