@@ -32,7 +32,7 @@ from fleetspec.ops.preflight_checks import (
     _model_path,
     admin_exec_start_dropins,
     check_disk,
-    check_dropin_order,
+    check_dropin_order, check_loaded,
     check_gpus,
     check_interrupted,
     check_orphan_dropin,
@@ -198,6 +198,7 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         check_dropin_order(unit, host, service)
         overriding = admin_exec_start_dropins(unit, dropin_texts)
         check_interrupted(state, host.name, L.parse(_raised(got["ledger"]) or ""))
+        check_loaded(unit, host, service)
         mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host, service))
         check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
                          baseline_text=files_fact.baseline_json)

@@ -51,6 +51,18 @@ def read_unit_files(t: TransportLike, unit: SystemdUnit,
     return unit_bytes, dropins, texts
 
 
+def check_loaded(unit, host, service: str) -> None:
+    """Files changed on disk that systemd has not loaded yet (an edit without daemon-reload, of the
+    unit, a drop-in or a Quadlet file) would go live with the deploy's own reload, unrecorded and
+    unreviewed: refused before anything changes."""
+    if unit.need_daemon_reload:
+        changed = unit.source_path if unit.source_path else unit.fragment_path
+        raise NeedsAttention(f"{host.name}: {service}: its unit files ({changed} or a drop-in) changed on disk since "
+                             f"systemd loaded them (NeedDaemonReload=yes); a deploy's daemon-reload would start "
+                             f"that change unrecorded. Review it, load it, then deploy",
+                             f"ssh {host.name} systemctl daemon-reload")
+
+
 def check_dropin_order(unit, host, service: str) -> None:
     """fleetspec's drop-in must be the last word on ExecStart=: systemd applies drop-ins sorted by
     file name, so an admin drop-in named after ours would win and the release would serve the old

@@ -14,7 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 
 PROPERTIES = ("ActiveState", "SubState", "MainPID", "FragmentPath", "DropInPaths", "ExecStart",
-              "Environment", "NRestarts", "Result", "LoadState", "UnitFileState", "SourcePath")
+              "Environment", "NRestarts", "Result", "LoadState", "UnitFileState", "SourcePath",
+              "NeedDaemonReload")
 NO_SYSTEMCTL = "__FLEETSPEC_NO_SYSTEMCTL__"
 
 _EXEC = re.compile(
@@ -51,6 +52,7 @@ class SystemdUnit:
     result: str | None = None
     unit_file_state: str | None = None
     source_path: str | None = None    # what a generator made the unit from (a Quadlet .container)
+    need_daemon_reload: bool = False  # a unit file or its source changed on disk since systemd loaded it
     raw: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     @property
@@ -164,4 +166,5 @@ def parse(stdout: str, service: str = "") -> SystemdUnit:
         unit=service, load_state=one("LoadState"), active_state=one("ActiveState"), sub_state=one("SubState"),
         main_pid=_int(one("MainPID")), fragment_path=one("FragmentPath"), dropin_paths=dropins,
         exec_start=execs, environment=env, n_restarts=_int(one("NRestarts")), result=one("Result"),
-        unit_file_state=one("UnitFileState"), source_path=one("SourcePath"), raw=raw)
+        unit_file_state=one("UnitFileState"), source_path=one("SourcePath"),
+        need_daemon_reload=one("NeedDaemonReload") == "yes", raw=raw)
