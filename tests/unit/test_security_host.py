@@ -383,7 +383,7 @@ def test_rollback_sh_fsyncs_the_drop_in_and_the_current_flip(tmp_path):
         legacy_dropin_paths=[str(etc / f"{SERVICE}.d" / "50-fleetspec.conf")],
         previous_dropin_sha256=hashlib.sha256(previous_dropin.read_bytes()).hexdigest(),
         restore_files=[], remove_files=[], unit_sha256=hashlib.sha256(unit.read_bytes()).hexdigest(),
-        unit_path=str(unit))
+        unit_path=str(unit), sources=[])
     (tmp_path / "rollback.sh").write_text(text)
     log = tmp_path / "strace.log"
     r = subprocess.run([*STRACE, "-o", str(log), "sh", str(tmp_path / "rollback.sh"), "--reason", 'it "broke"'],

@@ -240,7 +240,7 @@ def test_rollback_sh_runs_nothing_from_names_labels_or_reason(tmp_path_factory, 
         dropin_path=str(etc / "zz-fleetspec.conf"), previous_dropin=[], previous_dropin_sha256="",
         legacy_dropin_paths=[str(etc / "50-fleetspec.conf")],
         previous_current="", restore_files=[], remove_files=[],
-        unit_sha256=hashlib.sha256(unit.read_bytes()).hexdigest(), unit_path=str(unit))
+        unit_sha256=hashlib.sha256(unit.read_bytes()).hexdigest(), unit_path=str(unit), sources=[])
     (work / "rollback.sh").write_text(text)
     log = work / "systemctl.log"
     r = subprocess.run(["sh", str(work / "rollback.sh"), "--reason", reason], cwd=work, capture_output=True,
