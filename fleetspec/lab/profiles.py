@@ -201,6 +201,9 @@ StopTimeout=50
 Restart=on-failure
 RestartSec=5
 TimeoutStopSec=60
+# lab only: podman 4.3.1 keeps the cidfile after `podman rm --cidfile` (4.4 removes it with the
+# container), and its `run --cidfile` refuses one that exists: "container id file exists"
+ExecStartPre=-/usr/bin/rm -f %t/%N.cid
 
 [Install]
 WantedBy=multi-user.target

@@ -81,6 +81,7 @@ def build(deb: Path) -> None:
         if folder.exists():
             shutil.rmtree(folder)
     scratch.mkdir(parents=True)
+    partial.mkdir()
     done = subprocess.run(["dpkg-deb", "-x", str(deb), str(scratch)], capture_output=True, text=True)
     link = scratch / GENERATOR
     if done.returncode != 0 or not (scratch / BINARY).is_file() or not link.is_symlink():
