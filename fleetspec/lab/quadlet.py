@@ -38,12 +38,15 @@ def layer() -> Path:
     return envs.CACHE / "layers" / f"quadlet-{_digest(QUADLET_RECIPE)}"
 
 
+APT_RETRIES = 3
+
+
 def apt_options() -> list[str]:
     """apt-get options for a private sources list, lists and cache under DEBS (the suite only)."""
     apt = DEBS / "apt"
     return ["-q", "-o", f"Dir::Etc::sourcelist={apt / 'sources.list'}", "-o", "Dir::Etc::sourceparts=/nonexistent",
             "-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::Cache={apt / 'cache'}",
-            "-o", "APT::Sandbox::User=root"]
+            "-o", "APT::Sandbox::User=root", "-o", f"Acquire::Retries={APT_RETRIES}"]
 
 
 def fetch_deb() -> Path:
@@ -55,13 +58,16 @@ def fetch_deb() -> Path:
     for sub in ("lists/partial", "cache/archives/partial"):
         (apt / sub).mkdir(parents=True, exist_ok=True)
     (apt / "sources.list").write_text(f"deb {MIRROR} {SUITE} main\n")
-    for args in (["update"], ["download", f"podman/{SUITE}"]):
+    # without --error-on=any an unreachable mirror is only a warning, and the download then fails
+    # with a misleading "Release 'trixie' for 'podman' was not found"
+    for args in (["--error-on=any", "update"], ["download", f"podman/{SUITE}"]):
         done = subprocess.run(["apt-get", *apt_options(), *args], cwd=DEBS, capture_output=True, text=True)
         have = sorted(DEBS.glob("podman_*.deb"))
-        if done.returncode != 0 or (args[0] == "download" and not have):
-            last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-            raise UserError(f"apt-get {' '.join(args)} (Debian {SUITE}, {MIRROR}) into {DEBS} failed "
-                            f"(exit {done.returncode}; the Quadlet layer needs that mirror once): {last}")
+        if done.returncode != 0 or (args[-1] != "update" and not have):
+            lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
+            why = next((ln for ln in lines if ln.startswith("E: ")), lines[-1])
+            raise UserError(f"apt-get {args[-1]} of Debian {SUITE}'s podman ({MIRROR}) into {DEBS} failed "
+                            f"(exit {done.returncode}; the Quadlet layer needs that mirror once): {why}")
     return have[-1]
 
 
