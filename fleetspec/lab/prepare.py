@@ -52,11 +52,11 @@ def stages() -> list[Lane]:
                                 (f"layer sglang {v}", functools.partial(image.ensure_layer, v, _quiet))]
                                for v in later_versions]
     if containers_wanted():
-        # the container hosts' (pd<N>): podman's layer, then the engine's image imported from the
-        # version's layer (minutes, cold), after that layer in its lane
+        # the container hosts' (pd<N>, pq<N>): podman's layer, Quadlet's generator, then the engine's
+        # image imported from the version's layer (minutes, cold), after that layer in its lane
         lane = next(ln for ln in [image_lane, *layer_lanes] if ln[-1][0] == f"layer sglang {podman_image.CONTAINER_VERSIONS[0]}")
         lane.append(("podman layer", lambda: podman_image.ensure_podman(_quiet)))
-        lane.append(("Quadlet layer", lambda: quadlet.ensure(_quiet)))      # the pq<N> hosts' generator
+        lane.append(("Quadlet layer", lambda: quadlet.ensure(_quiet)))
         for version in podman_image.CONTAINER_VERSIONS:
             lane.append((f"image sglang {version}", functools.partial(podman_image.ensure_image, version, _quiet)))
     local_lane: Lane = [
