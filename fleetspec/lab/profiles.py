@@ -31,8 +31,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from fleetspec.errors import UserError
-from fleetspec.systemd_unit import systemd_quote
 from fleetspec.lab import image, podman_image, quadlet
+from fleetspec.systemd_unit import systemd_quote
 
 SERVICE = "sglang-qwen.service"
 API_PORT = 30000
