@@ -60,15 +60,20 @@ def fetch_deb() -> Path:
     (apt / "sources.list").write_text(f"deb {MIRROR} {SUITE} main\n")
     # without --error-on=any an unreachable mirror is only a warning, and the download then fails
     # with a misleading "Release 'trixie' for 'podman' was not found"
+    partial = DEBS / "download.partial"       # a download cut short never looks like a cached .deb
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
     for args in (["--error-on=any", "update"], ["download", f"podman/{SUITE}"]):
-        done = subprocess.run(["apt-get", *apt_options(), *args], cwd=DEBS, capture_output=True, text=True)
-        have = sorted(DEBS.glob("podman_*.deb"))
+        done = subprocess.run(["apt-get", *apt_options(), *args], cwd=partial, capture_output=True, text=True)
+        have = sorted(partial.glob("podman_*.deb"))
         if done.returncode != 0 or (args[-1] != "update" and not have):
             lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
             why = next((ln for ln in lines if ln.startswith("E: ")), lines[-1])
             raise UserError(f"apt-get {args[-1]} of Debian {SUITE}'s podman ({MIRROR}) into {DEBS} failed "
                             f"(exit {done.returncode}; the Quadlet layer needs that mirror once): {why}")
-    return have[-1]
+    deb = have[-1].rename(DEBS / have[-1].name)
+    partial.rmdir()
+    return deb
 
 
 def ensure(log=print) -> bool:
