@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeGuard
 
-from fleetspec.lab import cgroups, envs, image, network, podman_image, profiles
+from fleetspec.lab import cgroups, envs, image, network, podman_image, profiles, quadlet
 from fleetspec.lab.engine import files as engine_files
 
 RUN = Path(os.environ.get("FLEETSPEC_LAB_RUN", "/run/fleetspec-lab"))
@@ -125,6 +125,8 @@ def _write(upper: Path, lowers: list[Path], dest: str, data: bytes, mode: int = 
 
 
 def lowerdirs(profile: profiles.Profile) -> list[Path]:
+    if profile.quadlet:
+        return [quadlet.layer(), *podman_image.lowerdirs(profile.version)]
     return podman_image.lowerdirs(profile.version) if profile.container else image.lowerdirs(profile.version)
 
 
@@ -143,8 +145,9 @@ def populate(name: str, profile: profiles.Profile, root: Path, client_pub: bytes
            b"HostKey /etc/ssh/ssh_host_ed25519_key\n")
     for dest, data in profiles.files(profile).items():
         _write(upper, lowers, dest, data)
-    wants = _mkdirs(upper, "etc/systemd/system/multi-user.target.wants", lowers)
-    (wants / profiles.SERVICE).symlink_to(f"/etc/systemd/system/{profiles.SERVICE}")
+    if not profile.quadlet:     # Quadlet's generator links its unit from its [Install] at every boot
+        wants = _mkdirs(upper, "etc/systemd/system/multi-user.target.wants", lowers)
+        (wants / profiles.SERVICE).symlink_to(f"/etc/systemd/system/{profiles.SERVICE}")
     _write(upper, lowers, "/etc/fleetspec-lab/engine.json", (json.dumps(ENGINE_JSON, indent=1) + "\n").encode())
     _write(upper, lowers, "/etc/fleetspec-lab/host.json", (json.dumps(
         {"name": name, "profile": profile.like, "sglang_version": profile.version,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetspec.errors import UserError
-from fleetspec.lab import cgroups, hosts, image, inventory, keys, network, podman_image, profiles, ssh
+from fleetspec.lab import cgroups, hosts, image, inventory, keys, network, podman_image, profiles, quadlet, ssh
 
 DEFAULT_HOSTS = ("ct129", "ct200")
 INOTIFY = Path("/proc/sys/fs/inotify/max_user_instances")
@@ -59,6 +59,8 @@ def up(root: Path, names=DEFAULT_HOSTS, log=print, boot_timeout: float = 60.0) -
     with _locked():
         built = image.ensure(sorted({p.version for p in chosen.values()}), log=log)
         built = podman_image.ensure(sorted({p.version for p in chosen.values() if p.container}), log) or built
+        if any(p.quadlet for p in chosen.values()):
+            built = quadlet.ensure(log) or built
         client = keys.client_key(root)
         network.ensure_bridge()
         addresses, started, reused = {}, [], []

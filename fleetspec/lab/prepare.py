@@ -3,7 +3,7 @@
 The sglang wheel cache, the lab image (Debian rootfs, base, one layer per sglang version), both
 versions' environments on this machine (tests run the real parsers), the kernels and the patch
 sets (generated from their diffs and the wheels); with FLEETSPEC_LAB_CONTAINERS=1 also the
-container hosts' podman layer and image. Every piece is keyed by its recipe, so a warm
+container hosts' podman layer, Quadlet layer and image. Every piece is keyed by its recipe, so a warm
 machine does nothing here and prints nothing; a cold one prints one line per stage with its seconds.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from fleetspec.errors import UserError
-from fleetspec.lab import envs, image, podman_image
+from fleetspec.lab import envs, image, podman_image, quadlet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,10 +52,11 @@ def stages() -> list[Lane]:
                                 (f"layer sglang {v}", functools.partial(image.ensure_layer, v, _quiet))]
                                for v in later_versions]
     if containers_wanted():
-        # the container hosts' (pd<N>): podman's layer, then the engine's image imported from the
-        # version's layer (minutes, cold), after that layer in its lane
+        # the container hosts' (pd<N>, pq<N>): podman's layer, Quadlet's generator, then the engine's
+        # image imported from the version's layer (minutes, cold), after that layer in its lane
         lane = next(ln for ln in [image_lane, *layer_lanes] if ln[-1][0] == f"layer sglang {podman_image.CONTAINER_VERSIONS[0]}")
         lane.append(("podman layer", lambda: podman_image.ensure_podman(_quiet)))
+        lane.append(("Quadlet layer", lambda: quadlet.ensure(_quiet)))
         for version in podman_image.CONTAINER_VERSIONS:
             lane.append((f"image sglang {version}", functools.partial(podman_image.ensure_image, version, _quiet)))
     local_lane: Lane = [

@@ -16,6 +16,11 @@ render, switch, restart and probes all run for real; 32 of them fit on two cores
 `pd<N>` hosts run ct200's engine in a container: the unit's ExecStart is `podman run …` of a
 local image holding the 0.5.23 venv and the stand-in (image.image_name), with the models and the
 lab's engine settings bind-mounted read-only, as operators run SGLang's own images.
+
+`pq<N>` hosts run the same container from a Podman Quadlet file: no unit under /etc/systemd/system,
+but /etc/containers/systemd/sglang-qwen.container, from which Quadlet's generator writes
+sglang-qwen.service at every boot and daemon-reload (lab.quadlet: the generator of podman 5.4,
+the runtime Debian 12's podman 4.3.1).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from fleetspec.errors import UserError
-from fleetspec.lab import image, podman_image
+from fleetspec.lab import image, podman_image, quadlet
+from fleetspec.systemd_unit import systemd_quote
 
 SERVICE = "sglang-qwen.service"
 API_PORT = 30000
@@ -67,7 +73,7 @@ PODMAN_ARGV = PODMAN_RUN + CT200_ARGV
 
 @dataclass(frozen=True)
 class Profile:
-    like: str                     # ct129 | ct200 | ct150 | thin | podman
+    like: str                     # ct129 | ct200 | ct150 | thin | podman | quadlet
     version: str
     argv: list[str]
     model_path: str
@@ -77,7 +83,11 @@ class Profile:
 
     @property
     def container(self) -> bool:
-        return self.like == "podman"
+        return self.like in ("podman", "quadlet")
+
+    @property
+    def quadlet(self) -> bool:
+        return self.like == "quadlet"
 
     @property
     def venv(self) -> str:
@@ -99,9 +109,12 @@ PROFILES = {
                     "/root/models/Qwen3-8B-DFlash", 1, ["thin"]),
     "podman": Profile("podman", "0.5.23", PODMAN_ARGV, "/root/models/Qwen3-8B",
                       "/root/models/Qwen3-8B-DFlash", 1, ["container"]),
+    "quadlet": Profile("quadlet", "0.5.23", CT200_ARGV, "/root/models/Qwen3-8B",
+                       "/root/models/Qwen3-8B-DFlash", 1, ["container", "quadlet"]),
 }
 THIN_PREFIX = "tn"   # tn1..tnN; ct-names stay the full stand-in
 PODMAN_PREFIX = "pd"  # pd1..pdN: the engine under `podman run`
+QUADLET_PREFIX = "pq"  # pq1..pqN: the engine in a Quadlet unit
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,10}$")
 
@@ -113,6 +126,8 @@ def for_host(name: str) -> Profile:
         return PROFILES["thin"]
     if re.fullmatch(PODMAN_PREFIX + r"\d+", name):
         return PROFILES["podman"]
+    if re.fullmatch(QUADLET_PREFIX + r"\d+", name):
+        return PROFILES["quadlet"]
     m = re.fullmatch(r"ct(\d+)", name)
     if m and int(m.group(1)) < 150:
         return PROFILES["ct129"]
@@ -149,6 +164,46 @@ TimeoutStopSec=60
 Restart=on-failure
 RestartSec=5
 LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def quadlet_text(p: Profile) -> str:
+    """A pq host's .container: the pd host's container as Quadlet keys, the engine command in Exec=
+    (quoted as an ExecStart= word: Quadlet splits Exec= by systemd's rules). The container keeps
+    Quadlet's default name, systemd-%N (systemd-sglang-qwen)."""
+    exec_words = " ".join(systemd_quote(w) for w in p.argv)
+    return f"""# fleetspec lab: podman's Quadlet generator writes sglang-qwen.service from this file
+[Unit]
+Description=SGLang server in a Quadlet container (Qwen3-8B, DFlash)
+Documentation=https://docs.sglang.ai
+After=network-online.target
+Wants=network-online.target
+
+[Container]
+Image={podman_image.image_name(p.version)}
+Network=host
+Volume=/root/models:/root/models:ro
+Volume=/etc/fleetspec-lab:/etc/fleetspec-lab:ro
+Environment=PYTHONUNBUFFERED=1
+Exec={exec_words}
+# Quadlet 5.4 has no Ipc= key (with one it writes no unit: "unsupported key 'Ipc'")
+PodmanArgs=--ipc host
+# lab only: the nspawn host's cgroups are read-only, so podman gets none; this comes after
+# Quadlet's own --cgroups=split, and podman takes the last
+PodmanArgs=--cgroups=disabled
+# podman's stop: SGLang's SIGTERM drain, inside TimeoutStopSec
+StopTimeout=50
+
+[Service]
+Restart=on-failure
+RestartSec=5
+TimeoutStopSec=60
+# lab only: podman 4.3.1 keeps the cidfile after `podman rm --cidfile` (4.4 removes it with the
+# container), and its `run --cidfile` refuses one that exists: "container id file exists"
+ExecStartPre=-/usr/bin/rm -f %t/%N.cid
 
 [Install]
 WantedBy=multi-user.target
@@ -263,9 +318,16 @@ def inventory_vars(p: Profile) -> dict:
                                                "serving_concurrency": 0}}}}
 
 
+def unit_path(p: Profile) -> str:
+    """Where the host's service is written: a unit, or a pq host's Quadlet file."""
+    if p.quadlet:
+        return f"{quadlet.UNIT_DIR}/{SERVICE.removesuffix('.service')}.container"
+    return f"/etc/systemd/system/{SERVICE}"
+
+
 def files(p: Profile) -> dict[str, bytes]:
     """Host-specific files (absolute path -> bytes) laid into the host's overlay upper dir."""
-    out = {f"/etc/systemd/system/{SERVICE}": unit_text(p).encode()}
+    out = {unit_path(p): (quadlet_text(p) if p.quadlet else unit_text(p)).encode()}
     for folder, cfg in model_configs(p).items():
         out[f"{folder}/config.json"] = (json.dumps(cfg, indent=2) + "\n").encode()
         out[f"{folder}/README.lab"] = b"fleetspec lab: config only, no weights (the engine is a stand-in)\n"
