@@ -26,7 +26,7 @@ from fleetspec.ops.execstart import exec_command
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.preflight_checks import gather_unit, read_unit_files
 from fleetspec.ops.redaction import secret_refs
-from fleetspec.remote import facts
+from fleetspec.remote import facts, files
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import container_inspect
 from fleetspec.remote.facts import sglang as sglang_fact
@@ -110,8 +110,10 @@ def take_baseline(t: TransportLike, pf: Preflight | _View) -> Baseline:
 
 
 def generator_sources(t: TransportLike, unit) -> dict[str, bytes]:
-    """The file a generator made the unit from (a Quadlet `.container`), which a rollback restores:
-    the generated unit itself is written again by every daemon-reload."""
+    """The files a generator made the unit from (a Quadlet `.container` and its own drop-ins,
+    `NAME.container.d/*.conf`), which a rollback restores: the generated unit itself is written
+    again by every daemon-reload."""
     if not unit_context.is_generated(unit.fragment_path) or not unit.source_path:
         return {}
-    return {unit.source_path: t.get_bytes(unit.source_path)}
+    paths = [unit.source_path, *files.list_files(t, f"{unit.source_path}.d/*.conf")]
+    return {p: t.get_bytes(p) for p in paths}

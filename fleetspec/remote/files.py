@@ -172,6 +172,13 @@ def cat_files_script(pattern: str) -> str:
     return f'for f in {q(folder)}/{glob}; do if [ -f "$f" ]; then cat -- "$f" && echo || exit; fi; done'
 
 
+def list_files_script(pattern: str) -> str:
+    """The files matching `pattern` (a folder's path and a glob in its last part), one per line,
+    in the shell's sorted order; none is no error."""
+    folder, glob = pattern.rsplit("/", 1)
+    return f'for f in {q(folder)}/{glob}; do if [ -f "$f" ]; then printf "%s\\n" "$f"; fi; done; true'
+
+
 def sha256_of(paths: list[str]) -> str:
     """sha256sum of the paths that exist; absent ones are simply not listed."""
     if not paths:
@@ -195,6 +202,10 @@ ABSENT = "__FLEETSPEC_ABSENT__"
 def sha256_map(t: TransportLike, paths, timeout: float = 60) -> dict[str, str]:
     """{path: sha256} of those of `paths` that exist on the host (absent ones left out)."""
     return parse_sha256sum(t.run_script(sha256_of(sorted(paths)), timeout=timeout, check=True).stdout)
+
+
+def list_files(t: TransportLike, pattern: str) -> list[str]:
+    return t.run_script(list_files_script(pattern), timeout=30, check=True).stdout.splitlines()
 
 
 def read_text(t: TransportLike, path: str) -> str | None:
