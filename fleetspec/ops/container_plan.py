@@ -125,7 +125,8 @@ def status_line(c: dict[str, Any]) -> str:
     state = f"{c['container']} {c['state']}, restarts {c['restarts']}" if c.get("state") else \
         f"{c.get('container') or 'unnamed'}: no such container"
     health = f", health {c['health']}" if c.get("health") else ""
-    return f"container: {c['runtime']} {c['image']} ({digest}); {state}{health}"
+    release = f"; label fleetspec.release={c['release_label']}" if c.get("release_label") else ""
+    return f"container: {c['runtime']} {c['image']} ({digest}); {state}{health}{release}"
 
 
 def running_container(t: TransportLike, baseline: Baseline) -> Inspected:

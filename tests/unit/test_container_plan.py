@@ -66,7 +66,8 @@ def test_inspect_fact_over_ssh_and_status_field(t, tmp_path):
                       "release_label": "20261203T000000Z-ddtree-0001"}
     assert container_plan.status_line(status) == ("container: podman localhost/fleetspec-probe:1 (sha256:7c730c8e6bf3943"
                                                   "e13b7e4ba41e87cdea9542487e7ea744ff86530634e968630); fleetspec-probe "
-                                                  "created, restarts 0")
+                                                  "created, restarts 0; label fleetspec.release=20261203T000000Z-"
+                                                  "ddtree-0001")
     bare = unit_files.UnitFiles("/u", b"[Service]\nExecStart=/opt/v/bin/python3 -m sglang.launch_server\n", {})
     assert container_plan.container_status(t, bare, "s.service") is None
 
