@@ -7,8 +7,8 @@ container, and `fleetspec rollback` and rollback.sh bring back the exact unit (o
 bytes and image; a release that crashes at start reverts.
 
 One pd and one pq host for the module (FLEETSPEC_LAB_POD_HOSTS, FLEETSPEC_LAB_QUADLET_HOSTS), taken
-down after it; their image is built once in the lab's cache (minutes, cold). Opt-in: the module
-runs with FLEETSPEC_LAB_CONTAINERS=1 (set-up then builds the image too), and skips otherwise.
+down after it; their image is built once in the lab's cache (minutes, cold), by the set-up unless
+FLEETSPEC_LAB_CONTAINERS=0 (then the module skips).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def pod_fleet():
     from fleetspec.lab.prepare import containers_wanted
 
     if not containers_wanted():
-        pytest.skip("container lab hosts are opt-in: FLEETSPEC_LAB_CONTAINERS=1 (their podman image adds "
+        pytest.skip("container lab hosts switched off: FLEETSPEC_LAB_CONTAINERS=0 (their podman image adds "
                     "~4 min to a cold set-up; docs/guide/containers.md)")
     from fleetspec.lab import lab
 

@@ -126,10 +126,10 @@ def test_quadlet_hosts_are_listed_with_their_tags():
 
 
 def test_set_up_builds_the_quadlet_layer_with_the_container_hosts(monkeypatch):
-    monkeypatch.setenv("FLEETSPEC_LAB_CONTAINERS", "1")
+    monkeypatch.delenv("FLEETSPEC_LAB_CONTAINERS", raising=False)
     names = [name for lane in prepare.stages() for name, _ in lane]
     assert names.index("podman layer") < names.index("Quadlet layer")
-    monkeypatch.delenv("FLEETSPEC_LAB_CONTAINERS")
+    monkeypatch.setenv("FLEETSPEC_LAB_CONTAINERS", "0")
     assert "Quadlet layer" not in [name for lane in prepare.stages() for name, _ in lane]
 
 
