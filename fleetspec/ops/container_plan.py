@@ -22,8 +22,9 @@ from fleetspec.model.baseline import Baseline
 from fleetspec.model.container_launch import RELEASE_LABEL, ContainerRun
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
-from fleetspec.remote.facts import container_inspect
+from fleetspec.remote.facts import container_inspect, image_python
 from fleetspec.remote.facts.container_inspect import Inspected
+from fleetspec.remote.facts.image_python import ImagePython
 
 if TYPE_CHECKING:
     from fleetspec.ops.outcome import DeployRequest
@@ -64,6 +65,36 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
     except facts.FactError as err:
         raise UserError(f"{where}: cannot read {run.runtime}'s facts: {str(err).splitlines()[0][:200]}") from None
     return container_facts(where, run, got)
+
+
+def check_image_python(t: TransportLike, where: str, run: ContainerRun, sglang, torch) -> None:
+    """The image's engine python has the sglang (version and place) and torch that preflight read
+    on the host with vars.python, or a one-line refusal (exit 2, nothing touched): the release is
+    built for those, and its kernels for that torch."""
+    argv = container_launch.smoke_argv(run, ["--pull=never"], ["-c", image_python.SNIPPET])
+    try:
+        inside: ImagePython = facts.gather(t, image_python, timeout=120, argv=tuple(argv))
+    except facts.FactError as err:
+        raise UserError(f"{where}: cannot read sglang inside the image {run.image}: "
+                        f"{str(err).splitlines()[0][:200]}") from None
+    problem = image_python_problem(inside, sglang, torch)
+    if problem:
+        raise UserError(f"{where}: {problem}")
+
+
+def image_python_problem(inside: ImagePython, sglang, torch) -> str | None:
+    """What differs between the image's python and the host's reading of vars.python (pure)."""
+    host_place = f"{sglang.site_packages}/sglang" if sglang.site_packages else None
+    if inside.sglang is None:
+        return f"the image's {inside.python} has no sglang (the host's {sglang.python} has {sglang.version})"
+    if inside.sglang != sglang.version or (host_place and inside.sglang_path != host_place):
+        return (f"the image runs sglang {inside.sglang} from {inside.sglang_path}, but the host's {sglang.python} "
+                f"has {sglang.version} at {host_place}; a release is built for the host's install")
+    host_torch = getattr(torch, "version", None)
+    if host_torch and inside.torch != host_torch:
+        return (f"the image's torch is {inside.torch}, the host's {host_torch}: kernels are built for the "
+                f"host's torch")
+    return None
 
 
 def container_facts(where: str, run: ContainerRun, got: Inspected) -> dict[str, Any]:

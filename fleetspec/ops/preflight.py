@@ -98,10 +98,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     options = resolve_options(playbook, req.options, hybrid)
     notes = [waited] if waited else []
     notes.extend(f"{host.name}: {n}" for n in [*svc.notes, *options.notes])
-    if run is not None and container is not None:
-        notes.append(f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
-                     f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
-                     f"for byte: {' '.join(o.name for o in run.options) or '-'}")
+    notes.extend(_check_container(t, host, svc, run, container, sg, tv))
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options, _smallest_gpu(gpus))
@@ -127,6 +124,18 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     for note in notes:
         echo(note)
     return pf
+
+
+def _check_container(t: TransportLike, host: Host, svc: "ServiceRead", run: ContainerRun | None,
+                     container: dict | None, sg, tv) -> list[str]:
+    """A container unit: its image's python has the sglang and torch read on the host (else a
+    one-line refusal); the note that names the runtime, image and the options kept."""
+    if run is None or container is None:
+        return []
+    container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv)
+    return [f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
+            f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
+            f"for byte: {' '.join(o.name for o in run.options) or '-'}"]
 
 
 @dataclass

@@ -242,3 +242,33 @@ def test_the_baseline_keeps_a_quadlet_file_and_restores_it_not_the_generated_uni
         restore_files=[], remove_files=[], unit_sha256=b.unit_sha256, unit_path=generated,
         sources=[{"path": str(source), "sha256": hashlib.sha256(recorded).hexdigest()}])
     assert f"{hashlib.sha256(recorded).hexdigest()}  {source}" in script
+
+
+def _inside() -> str:
+    """What the lab's pd1 printed for image_python.SNIPPET in a container of its unit's image."""
+    return (CAPTURED / "podman-4.3.1-lab-image-python.txt").read_text()
+
+
+def test_the_images_python_is_read_without_importing_sglang_and_compared_with_the_host():
+    from fleetspec.remote.facts import image_python
+    from fleetspec.remote.facts.sglang import SglangInstall
+    from fleetspec.remote.facts.torch import TorchInfo
+
+    inside = image_python.parse(_inside())
+    assert (inside.python, inside.sglang, inside.torch) == ("/opt/sglang/venv/bin/python3", "0.5.23", "2.13.0+cpu")
+    assert inside.sglang_path == "/opt/sglang/venv/lib/python3.11/site-packages/sglang"
+    site = "/opt/sglang/venv/lib/python3.11/site-packages"
+    host = SglangInstall(python="/opt/sglang/venv/bin/python3", python_version="3.11.2", version="0.5.23", site_packages=site)
+    torch = TorchInfo(python_tag="cp311", version="2.13.0+cpu", cuda=None)
+    assert container_plan.image_python_problem(inside, host, torch) is None
+    older = dataclasses.replace(host, version="0.5.13.post1")
+    assert container_plan.image_python_problem(inside, older, torch) == (
+        f"the image runs sglang 0.5.23 from {site}/sglang, but the host's /opt/sglang/venv/bin/python3 has "
+        f"0.5.13.post1 at {site}/sglang; a release is built for the host's install")
+    editable = dataclasses.replace(inside, sglang_path="/sgl-workspace/sglang/python/sglang")   # lmsysorg's images
+    assert "from /sgl-workspace/sglang/python/sglang" in container_plan.image_python_problem(editable, host, torch)
+    assert container_plan.image_python_problem(inside, host, dataclasses.replace(torch, version="2.11.0+cu130")) == (
+        "the image's torch is 2.13.0+cpu, the host's 2.11.0+cu130: kernels are built for the host's torch")
+    assert "has no sglang" in container_plan.image_python_problem(dataclasses.replace(inside, sglang=None), host, torch)
+    with pytest.raises(ValueError, match="no JSON line"):
+        image_python.parse("Error: crun: executable file `/opt/x` not found\n")
