@@ -17,9 +17,9 @@ SNIPPET = (
     "        return m.version(n)\n"
     "    except Exception:\n"
     "        return None\n"
-    "s = u.find_spec('sglang')\n"
-    "print(json.dumps({'python': sys.executable, 'sglang': v('sglang'), 'torch': v('torch'),\n"
-    "                  'sglang_path': list(s.submodule_search_locations or [None])[0] if s else None}))\n"
+    "s = u.find_spec(\"sglang\")\n"
+    "print(json.dumps({\"python\": sys.executable, \"sglang\": v(\"sglang\"), \"torch\": v(\"torch\"),\n"
+    "                  \"sglang_path\": list(s.submodule_search_locations or [None])[0] if s else None}))\n"
 )
 
 
