@@ -53,11 +53,23 @@ class Exchange:
             self.lost = f"the host stopped reading: {err}"
 
     def shutdown_write(self) -> None:
-        if self.lost is None:
-            try:
-                self.chan.shutdown_write()
-            except CLOSED as err:
-                self.lost = f"the host stopped reading: {err}"
+        """Our EOF, sent under the channel's lock and not at all once the channel is closed.
+        paramiko's own shutdown_write sends it after releasing the lock, so the transport thread
+        can answer the host's CLOSE in between; an EOF after our CLOSE names a channel the host
+        has freed, and OpenSSH then drops the whole connection ("ieof packet referred to
+        nonexistent channel"), every other command on it with it."""
+        if self.lost is not None:
+            return
+        chan = self.chan
+        try:
+            with chan.lock:
+                if chan.closed or chan.eof_sent:
+                    return
+                message = chan._send_eof()
+                if message is not None and chan.transport is not None:
+                    chan.transport._send_user_message(message)
+        except CLOSED as err:
+            self.lost = f"the host stopped reading: {err}"
 
     def line_starting(self, marker: bytes) -> str | None:
         """The first whole stdout line that is `marker` or starts with `marker` and a space; None

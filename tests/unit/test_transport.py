@@ -390,7 +390,7 @@ def test_a_lost_eof_alone_leaves_the_exit_status_to_speak_and_a_lost_input_raise
     and that exited is its result; one whose input did not all go out is lost, as before."""
     from fleetspec.remote.ssh_lib import paramiko
 
-    real = paramiko.Channel.shutdown_write
+    real = paramiko.Channel._send_eof
     failed = []
 
     def eof_lost_once(chan):
@@ -399,7 +399,7 @@ def test_a_lost_eof_alone_leaves_the_exit_status_to_speak_and_a_lost_input_raise
             raise EOFError()
         return real(chan)
 
-    monkeypatch.setattr(paramiko.Channel, "shutdown_write", eof_lost_once)
+    monkeypatch.setattr(paramiko.Channel, "_send_eof", eof_lost_once)
     r = transport.run(["echo", "ran"], timeout=20)
     assert failed and (r.rc, r.stdout.strip()) == (0, "ran")
 
@@ -409,3 +409,33 @@ def test_a_lost_eof_alone_leaves_the_exit_status_to_speak_and_a_lost_input_raise
     monkeypatch.setattr(paramiko.Channel, "send", input_lost)
     with pytest.raises(RemoteError, match="connection lost during cat: the host stopped reading"):
         transport.run(["cat"], stdin=b"x" * 10, timeout=20)
+
+
+def test_no_eof_goes_out_after_the_channel_closed(transport):
+    """A command that ends before our EOF: the host's CLOSE is answered by paramiko's transport
+    thread; an EOF sent after that names a channel OpenSSH has freed, and it drops the whole
+    connection (seen in CI: 12 parallel commands lost at once). Exchange.shutdown_write sends
+    none once the channel is closed; paramiko's own shutdown_write would."""
+    from fleetspec.remote.exchange import Exchange
+
+    ssh = transport.connect()
+
+    def closed_channel():
+        chan = ssh.open_session(timeout=10)
+        chan.exec_command("true")
+        deadline = time.monotonic() + 10
+        while not chan.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert chan.closed
+        time.sleep(0.3)                      # the host has freed its end
+        chan.eof_sent = False                # as when our EOF was decided just before the CLOSE
+        return chan
+
+    Exchange(closed_channel(), "h", "true", 10).shutdown_write()
+    time.sleep(0.5)
+    assert ssh.is_active() and transport.connect() is ssh
+    closed_channel().shutdown_write()        # the race's outcome, for the record: the host hangs up
+    deadline = time.monotonic() + 5
+    while ssh.is_active() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not ssh.is_active()
