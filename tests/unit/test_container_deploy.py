@@ -259,7 +259,7 @@ def test_the_images_python_is_read_without_importing_sglang_and_compared_with_th
     assert inside.sglang_path == "/opt/sglang/venv/lib/python3.11/site-packages/sglang"
     site = "/opt/sglang/venv/lib/python3.11/site-packages"
     host = SglangInstall(python="/opt/sglang/venv/bin/python3", python_version="3.11.2", version="0.5.23", site_packages=site)
-    torch = TorchInfo(python_tag="cp311", version="2.13.0+cpu", cuda=None)
+    torch = TorchInfo(python_tag="cp311", version="2.13.0+cpu", cuda=None, cxx11_abi=True)
     assert container_plan.image_python_problem(inside, host, torch) is None
     older = dataclasses.replace(host, version="0.5.13.post1")
     assert container_plan.image_python_problem(inside, older, torch) == (
