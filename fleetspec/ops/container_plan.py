@@ -141,8 +141,7 @@ def container_status(t: TransportLike, files: Any, service: str) -> dict[str, An
     image, c = got.image, got.container
     return {"runtime": run.runtime, "version": got.version, "image": run.image,
             "image_id": image.id if image else None,
-            "digest": (image.digest or (image.repo_digests[0].rpartition("@")[2] if image.repo_digests else None))
-            if image else None,
+            "digest": image_digest(image) if image else None,
             "container": c.name if c else name, "state": c.status if c else None,
             "restarts": c.restart_count if c else None, "health": c.health if c else None,
             "release_label": c.labels.get("fleetspec.release") if c else None}

@@ -75,8 +75,9 @@ def test_quadlet_specifiers_resolve_as_the_system_manager_does():
     words = systemd_unit.effective_exec_command(
         "[Service]\nExecStart=/usr/bin/podman run --name systemd-%N --cidfile=%t/%N.cid img x\n", (), spec).argv
     assert words[3:6] == ("systemd-sglang-qwen", "--cidfile=/run/sglang-qwen.cid", "img")
-    with pytest.raises(systemd_unit.UnitSyntaxError, match="specifier %H needs the unit's context"):
-        systemd_unit.effective_exec_command("[Service]\nExecStart=/bin/x %H\n", (), spec)
+    for host_bound in ("%H", "%T"):                # the host's name, the manager's $TMPDIR: only systemd knows
+        with pytest.raises(systemd_unit.UnitSyntaxError, match=f"specifier {host_bound} needs the unit's context"):
+            systemd_unit.effective_exec_command(f"[Service]\nExecStart=/bin/x {host_bound}\n", (), spec)
 
 
 def _request(tmp_path, sshd, key, writer, python: str = "/opt/sglang/venv/bin/python3", **kw) -> DeployRequest:
