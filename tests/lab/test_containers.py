@@ -114,6 +114,18 @@ def test_deploy_and_rollback_on_a_container_unit(pod_fleet, host):
     assert ready(pod_fleet, host)
     before = snapshot(pod_fleet, host)
     digest = before.splitlines()[-2].split()[1]
+    if host in QUADLET_HOSTS:          # an edit not loaded yet: the deploy's reload would start it, so refused
+        saved = sh(pod_fleet, host, f"base64 -w0 {QUADLET_FILE}").strip()
+        sh(pod_fleet, host, f"echo '# tuned by hand, not loaded' >> {QUADLET_FILE}")
+        try:
+            r = fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes")
+            said = r.stdout + r.stderr
+            assert r.returncode == 3 and "NeedDaemonReload=yes" in said, (r.stdout[-2000:], r.stderr[-2000:])
+            assert f"run ssh {host} systemctl daemon-reload" in r.stderr and "Traceback" not in said
+            assert not sh(pod_fleet, host, f"ls {UNIT}.d 2>/dev/null; true").strip()     # nothing written
+        finally:
+            sh(pod_fleet, host, f"echo {saved} | base64 -d > {QUADLET_FILE} && systemctl daemon-reload")
+        assert snapshot(pod_fleet, host) == before
     out = deployed(fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes", "--json"))
     release = out["release"]
     assert out["status"] == "healthy", out
