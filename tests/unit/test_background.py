@@ -23,13 +23,17 @@ def _running(pid):
 
 
 def test_started_process_outlives_the_command_and_its_verdict_is_read_later(t, tmp_path):
-    folder = tmp_path / "bg"
-    code = "import sys, time; time.sleep(1); print(sys.stdin.read().upper()); print('warn', file=sys.stderr); sys.exit(3)"
-    began = time.monotonic()
+    """The process waits for a gate that the test opens only after `start` returned: a `start` that
+    waited for the process would never return (no wall-clock threshold, so a loaded machine cannot
+    fail it)."""
+    folder, gate = tmp_path / "bg", tmp_path / "gate"
+    code = (f"import os, sys, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)\n"
+            "print(sys.stdin.read().upper()); print('warn', file=sys.stderr); sys.exit(3)")
     background.start(t, str(folder), files.python_c(sys.executable, code, rundir=str(tmp_path / "run")),
                      stdin=b"payload", timeout_s=60)
-    assert time.monotonic() - began < 0.9, "start waited for the process"
-    assert _running(_pid(folder))
+    assert _running(_pid(folder)), "the process ended before its gate opened"
+    assert not (folder / "rc").exists()
+    gate.touch()
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     v = background.wait(t, str(folder), timeout=30)
     assert (v.rc, v.stdout.strip(), v.stderr.strip()) == (3, "PAYLOAD", "warn")

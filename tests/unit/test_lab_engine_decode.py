@@ -256,11 +256,13 @@ def test_steps_with_more_requests_running_than_the_graph_holds_are_slower(monkey
         values = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
                   "cuda_graph_max_bs": graph_bs}
         eng = engine.Engine(types.SimpleNamespace(algorithm="EAGLE", values=values, version="0.5.13.post1"), config)
-        gate = threading.Barrier(2)
+        gate = threading.Barrier(2, timeout=60)
 
         def one():
+            # in lockstep after every step, so both count as running for every step however the
+            # threads are scheduled on a loaded machine
             gate.wait()
-            eng.generate(model.tokenize(PROMPTS[0]), 24)
+            eng.generate(model.tokenize(PROMPTS[0]), 24, on_step=lambda ids, n: gate.wait())
         started = time.monotonic()
         threads = [threading.Thread(target=one) for _ in range(2)]
         for th in threads:
@@ -273,7 +275,9 @@ def test_steps_with_more_requests_running_than_the_graph_holds_are_slower(monkey
     beyond, beyond_missed = two_at_once(1)
     _, steps = run(decode.make_plan("EAGLE", {"speculative_num_steps": 3}), prompts=PROMPTS[:1], max_new=24)
     modelled = 0.01 * decode.step_cost(steps[0])        # one step of one request, graph replayed
-    assert fits_missed == 0 and beyond_missed >= 2 * len(steps) - 2, (beyond_missed, len(steps))
+    # every step but possibly the first of whichever thread entered first (the other may not be
+    # counted as running yet; the lockstep starts after step one)
+    assert fits_missed == 0 and beyond_missed >= 2 * len(steps) - 1, (beyond_missed, len(steps))
     # the two requests step side by side, each step 3x its modelled time (a lower bound: paced by sleeps)
     assert beyond >= 0.95 * (3 * (len(steps) - 1) + 1) * modelled, (beyond, fits, modelled, len(steps))
     one = engine.Engine(types.SimpleNamespace(algorithm="EAGLE", values={"cuda_graph_max_bs": 1}), config)

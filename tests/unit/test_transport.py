@@ -86,7 +86,7 @@ def test_command_timeout(transport):
     start = time.monotonic()
     with pytest.raises(RemoteError, match="timed out after 0.5s"):
         transport.run(["sleep", "5"], timeout=0.5)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 4.5     # not the 5 s of the command
     assert transport.run(["true"], timeout=20).ok  # the connection survives
 
 
@@ -188,7 +188,7 @@ def test_unreachable_port_within_connect_timeout(tmp_path, inventory_writer, ssh
     start = time.monotonic()
     with pytest.raises(RemoteError, match=r"h: cannot reach 127.0.0.1:\d+"):
         Transport(host).run(["true"])
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 4
 
 
 def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_factory, ssh_client_key):
