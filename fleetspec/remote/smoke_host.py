@@ -201,8 +201,11 @@ _emit(not failed, checks=checks, summary=du.tree_summary(tree), torch=torch.__ve
 def kernel_script(library: str, required: bool = True) -> str:
     """Load a built kernel into the host's torch through the payload's own loader and compare each
     op with the payload's torch code (tree_mask with visibility_mask; topk_logprobs with the
-    fallback's candidates, ties and -inf included). A library that does not load fails when the
-    kernel is required; when optional it passes with fallback=True and the reason."""
+    fallback's candidates, ties and -inf included). The log-probs are held to float64's, not to
+    the fallback's float32 logsumexp: in the lab's containers that was seen, twice in some thirty
+    runs, off by 4e-5 on a row the kernel had right to 1e-7, which failed a sound kernel;
+    `logprob_deviation` reports both. A library that does not load fails when the kernel is
+    required; when optional it passes with fallback=True and the reason."""
     return _EMIT + f'''
 import torch
 from sglang.srt.speculative import ddtree_utils as du
@@ -225,12 +228,16 @@ if hasattr(du, "_candidates_torch"):
     logits[1, :, 7:] = float("-inf")
     got_v, got_i = torch.ops.fleetspec_ddtree.topk_logprobs(logits, 16)
     want_v, want_i = du._candidates_torch(logits, 16)
-    checks["topk_logprobs"] = bool(torch.equal(got_i, want_i) and torch.allclose(got_v, want_v, atol=1e-5, equal_nan=True))
+    exact = (logits.double().gather(-1, want_i) - torch.logsumexp(logits.double(), -1, keepdim=True)).float()
+    finite = torch.isfinite(exact)
+    deviation = {{"kernel": float((got_v - exact)[finite].abs().max()), "torch": float((want_v - exact)[finite].abs().max())}}
+    checks["topk_logprobs"] = bool(torch.equal(got_i, want_i) and torch.allclose(got_v, exact, atol=1e-5, equal_nan=True))
     a = du.build_ddtree(logits, 32, None, use_kernel=True)
     b = du.build_ddtree(logits, 32, None, use_kernel=False)
     checks["same_tree"] = all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("tokens", "parents", "depth", "valid"))
 bad = [k for k, v in checks.items() if not v]
 _emit(not bad, checks=checks, kernel=status, fallback=False, torch=torch.__version__,
+      logprob_deviation=locals().get("deviation"),
       error="kernel differs from the payload's torch code: " + ", ".join(bad) if bad else "")
 '''
 

@@ -191,6 +191,23 @@ def test_smoke_kernel_check_compares_both_ops(tmp_path, built):
     assert rc == 0 and result.ok and result.data["candidates"] == "kernel:cpu", result.data
 
 
+def test_the_kernel_smoke_fails_a_library_whose_log_probs_are_off(tmp_path):
+    """A build whose log_z is off by 2e-4 (ids and trees still right) fails the smoke on
+    topk_logprobs: held to float64's log-probs, the kernel's deviation shows, torch's does not."""
+    source = tmp_path / "tree_mask"
+    shutil.copytree(SOURCE, source)
+    cpp = source / "topk_logprobs.cpp"
+    assert cpp.read_text().count("std::log(s)") == 1
+    cpp.write_text(cpp.read_text().replace("std::log(s)", "std::log(s * 1.0002)"))
+    off, _ = KB.build_kernel(source, cache=tmp_path / "cache", cuda=False)
+    rel = _release(tmp_path, off)
+    rc, result = _smoke(smoke.kernel_script(str(rel / "kernels" / off.library_file), required=True), rel)
+    assert rc == 1 and not result.ok and result.error == "kernel differs from the payload's torch code: topk_logprobs"
+    assert result.data["checks"] == {"tree_mask": True, "topk_logprobs": False, "same_tree": True}, result.data
+    deviation = result.data["logprob_deviation"]
+    assert 1e-4 < deviation["kernel"] < 1e-3 and deviation["torch"] < 1e-5, deviation
+
+
 def test_a_missing_library_fails_a_required_kernel_and_is_a_note_for_an_optional_one(tmp_path, built):
     rel = _release(tmp_path, built, with_library=False)
     library = str(rel / "kernels/tree_mask.so")
