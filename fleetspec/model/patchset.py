@@ -263,22 +263,24 @@ def verify_patchset(ps: PatchSet, wheels: Path = WHEEL_CACHE) -> Verified:
     return Verified(ps, True, wheel)
 
 
-def check_base(ps: PatchSet, installed_version: str, installed_hashes: Mapping[str, str]) -> None:
-    """Refuse a host whose install is not this patch set's base, naming the first differing file.
+def check_base(ps: PatchSet, installed_version: str, installed_hashes: Mapping[str, str],
+               where: str = "on the host") -> None:
+    """Refuse an install (`where`: the host's, or an image's) that is not this patch set's base,
+    naming the first differing file.
 
-    installed_hashes: sha256 of each of the patch set's paths that exists on the host.
+    installed_hashes: sha256 of each of the patch set's paths that exists there.
     """
     if installed_version != ps.version:
         raise UserError(f"patch set {ps.root.name} is for {ps.package}=={ps.version}; "
-                        f"the host has {ps.package}=={installed_version}")
+                        f"{ps.package}=={installed_version} is installed {where}")
     for entry in ps.files:
         have = installed_hashes.get(entry.path)
         if entry.action == "replace" and have != entry.base_sha256:
             found = f"sha256 {have}" if have else "no such file"
-            raise UserError(f"{entry.path} on the host differs from {ps.package}=={ps.version}: "
+            raise UserError(f"{entry.path} {where} differs from {ps.package}=={ps.version}: "
                             f"expected sha256 {entry.base_sha256}, found {found}")
         if entry.action == "add" and have is not None and have != entry.sha256:
-            raise UserError(f"{entry.path} exists on the host but not in {ps.package}=={ps.version}; "
+            raise UserError(f"{entry.path} exists {where} but not in {ps.package}=={ps.version}; "
                             "refusing to shadow an unknown file")
 
 

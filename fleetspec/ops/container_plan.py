@@ -20,6 +20,7 @@ from fleetspec.errors import UserError
 from fleetspec.model import container_launch, launch
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.container_launch import RELEASE_LABEL, ContainerRun
+from fleetspec.model.patchset import check_base
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import container_inspect, image_python
@@ -67,19 +68,49 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
     return container_facts(where, run, got)
 
 
-def check_image_python(t: TransportLike, where: str, run: ContainerRun, sglang, torch) -> None:
+def check_image_python(t: TransportLike, where: str, run: ContainerRun, sglang, torch, patchset=None) -> ImagePython:
     """The image's engine python has the sglang (version and place) and torch that preflight read
-    on the host with vars.python, or a one-line refusal (exit 2, nothing touched): the release is
-    built for those, and its kernels for that torch."""
+    on the host with vars.python, and the patch set's base files as its wheel has them, or a
+    one-line refusal (exit 2, nothing touched): the release is built for those, its kernels for
+    that torch, and it runs over the image's files, not the host's."""
+    paths = tuple(f.path for f in patchset.files) if patchset is not None else ()
     argv = container_launch.smoke_argv(run, ["--pull=never"], ["-c", image_python.SNIPPET])
     try:
-        inside: ImagePython = facts.gather(t, image_python, timeout=120, argv=tuple(argv))
+        inside: ImagePython = facts.gather(t, image_python, timeout=120, argv=tuple(argv), hash_paths=paths)
     except facts.FactError as err:
         raise UserError(f"{where}: cannot read sglang inside the image {run.image}: "
                         f"{str(err).splitlines()[0][:200]}") from None
     problem = image_python_problem(inside, sglang, torch)
     if problem:
         raise UserError(f"{where}: {problem}")
+    problem = image_base_problem(run.image, inside, patchset)
+    if problem:
+        raise UserError(f"{where}: {problem}")
+    return inside
+
+
+def image_base_problem(image: str, inside: ImagePython, patchset) -> str | None:
+    """The patch set's base check on the image's own files, as preflight does it on the host (pure)."""
+    if patchset is None:
+        return None
+    have = {p: h for p, h in (inside.install.hashes or {}).items() if h is not None}
+    try:
+        check_base(patchset, inside.install.version or "", have, where=f"in the image {image}")
+    except UserError as err:
+        return str(err)
+    return None
+
+
+def image_files_note(inside: ImagePython) -> str:
+    """The image's sglang files against its RECORD, as status says it for a host (pure)."""
+    install = inside.install
+    changed = [*install.drift, *install.missing]
+    if not changed:
+        return f"the image's sglang {install.version}: pristine ({install.files_checked} files checked against RECORD)"
+    n = len(changed)
+    return (f"the image's sglang {install.version}: {n} file{'s' if n != 1 else ''} "
+            f"differ{'' if n != 1 else 's'} from RECORD "
+            f"({', '.join(changed[:3])}{', …' if len(changed) > 3 else ''})")
 
 
 def image_python_problem(inside: ImagePython, sglang, torch) -> str | None:

@@ -98,12 +98,12 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     options = resolve_options(playbook, req.options, hybrid)
     notes = [waited] if waited else []
     notes.extend(f"{host.name}: {n}" for n in [*svc.notes, *options.notes])
-    notes.extend(_check_container(t, host, svc, run, container, sg, tv))
     notes.extend(f"{host.name}: the admin drop-in {p} sets ExecStart=; fleetspec's drop-in (applied after it) "
                  f"replaces that command, and rollback puts it back" for p in svc.overriding)
     launch = _plan_launch(t, host, playbook, svc, sg.version, options, _smallest_gpu(gpus))
     notes.extend(f"{host.name}: {n}" for n in launch.notes)
     patchset = select_patchset(t, playbook, sg, host.name, loaded)
+    notes.extend(_check_container(t, host, svc, run, container, sg, tv, patchset))
     kernels = load_kernels(playbook, kernel_facts(tv, gpus), host.name)
     check_disk(host, disk, patchset, kernels)
     check_paths(t, host, playbook, _raised(got["missing"]))
@@ -127,15 +127,17 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
 
 
 def _check_container(t: TransportLike, host: Host, svc: "ServiceRead", run: ContainerRun | None,
-                     container: dict | None, sg, tv) -> list[str]:
-    """A container unit: its image's python has the sglang and torch read on the host (else a
-    one-line refusal); the note that names the runtime, image and the options kept."""
+                     container: dict | None, sg, tv, patchset) -> list[str]:
+    """A container unit: its image's python has the sglang and torch read on the host, and the
+    patch set's base files inside the image (else a one-line refusal); the notes that name the
+    runtime, image, the options kept and the image's sglang files against RECORD."""
     if run is None or container is None:
         return []
-    container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv)
+    inside = container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv, patchset)
     return [f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
             f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
-            f"for byte: {' '.join(o.name for o in run.options) or '-'}"]
+            f"for byte: {' '.join(o.name for o in run.options) or '-'}",
+            f"{host.name}: container: {container_plan.image_files_note(inside)}"]
 
 
 @dataclass

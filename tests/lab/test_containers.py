@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -146,6 +147,7 @@ def test_deploy_and_rollback_on_a_container_unit(pod_fleet, host):
         release, digest, "running")
     story = " ".join(fs(pod_fleet, "history", host, release, check_rc=0).stdout.split())     # unwrapped
     assert f"container: podman localhost/sglang-lab:0.5.23 ({digest}), label fleetspec.release={release}" in story
+    assert re.search(r"the image's sglang 0\.5\.23: pristine \(\d{4,} files checked against RECORD\)", story), story
     if host in QUADLET_HOSTS:          # an edit of the Quadlet file not yet loaded: the rollback undoes it
         sh(pod_fleet, host, f"echo '# edited during the release' >> {QUADLET_FILE}")
     fs(pod_fleet, "rollback", host, check_rc=0)

@@ -255,7 +255,7 @@ def test_the_images_python_is_read_without_importing_sglang_and_compared_with_th
     from fleetspec.remote.facts.sglang import SglangInstall
     from fleetspec.remote.facts.torch import TorchInfo
 
-    inside = image_python.parse(_inside())
+    inside = image_python.parse(_inside(), hash_paths=IMAGE_PATHS)
     assert (inside.python, inside.sglang, inside.torch) == ("/opt/sglang/venv/bin/python3", "0.5.23", "2.13.0+cpu")
     assert inside.sglang_path == "/opt/sglang/venv/lib/python3.11/site-packages/sglang"
     site = "/opt/sglang/venv/lib/python3.11/site-packages"
@@ -273,3 +273,40 @@ def test_the_images_python_is_read_without_importing_sglang_and_compared_with_th
     assert "has no sglang" in container_plan.image_python_problem(dataclasses.replace(inside, sglang=None), host, torch)
     with pytest.raises(ValueError, match="no JSON line"):
         image_python.parse("Error: crun: executable file `/opt/x` not found\n")
+    with pytest.raises(ValueError, match="did not check sglang's files"):       # the first line alone
+        image_python.parse(_inside().splitlines()[0])
+
+
+IMAGE_PATHS = ("sglang/srt/server_args.py", "sglang/srt/speculative/ddtree_worker.py")
+IMAGE = "localhost/sglang-lab:0.5.23"
+
+
+def test_the_images_own_sglang_files_are_checked_against_record_and_the_patch_sets_base():
+    """pd1's image as built, and a container of it where server_args.py was appended to and a file
+    the patch set adds was put in place: the image's own files, not the host's, decide."""
+    from fleetspec.model.patchset import PatchFile, PatchSet
+    from fleetspec.remote.facts import image_python
+
+    clean = image_python.parse(_inside(), hash_paths=IMAGE_PATHS)
+    drifted = image_python.parse((CAPTURED / "podman-4.3.1-lab-image-python-drifted.txt").read_text(),
+                                 hash_paths=IMAGE_PATHS)
+    n = clean.install.files_checked
+    assert clean.install.version == "0.5.23" and n > 5000 and not clean.install.drift and not clean.install.missing
+    wheel, edited = clean.install.hashes[IMAGE_PATHS[0]], drifted.install.hashes[IMAGE_PATHS[0]]
+    assert wheel and edited and wheel != edited and clean.install.hashes[IMAGE_PATHS[1]] is None
+    assert drifted.install.hashes[IMAGE_PATHS[1]] is not None
+    assert container_plan.image_files_note(clean) == f"the image's sglang 0.5.23: pristine ({n} files checked against RECORD)"
+    assert drifted.install.drift == [IMAGE_PATHS[0]]
+    assert container_plan.image_files_note(drifted) == (
+        f"the image's sglang 0.5.23: 1 file differs from RECORD ({IMAGE_PATHS[0]})")
+    ps = PatchSet(Path("sglang-0.5.23"), "sglang", "0.5.23",
+                  (PatchFile(IMAGE_PATHS[0], "replace", "0" * 64, wheel), PatchFile(IMAGE_PATHS[1], "add", "1" * 64)))
+    assert container_plan.image_base_problem(IMAGE, clean, ps) is None
+    assert container_plan.image_base_problem(IMAGE, clean, None) is None
+    assert container_plan.image_base_problem(IMAGE, drifted, ps) == (
+        f"{IMAGE_PATHS[0]} in the image {IMAGE} differs from sglang==0.5.23: expected sha256 {wheel}, "
+        f"found sha256 {edited}")
+    assert container_plan.image_base_problem(IMAGE, drifted, dataclasses.replace(ps, files=ps.files[1:])) == (
+        f"{IMAGE_PATHS[1]} exists in the image {IMAGE} but not in sglang==0.5.23; refusing to shadow an unknown file")
+    assert container_plan.image_base_problem(IMAGE, clean, dataclasses.replace(ps, version="0.5.13.post1")) == (
+        f"patch set sglang-0.5.23 is for sglang==0.5.13.post1; sglang==0.5.23 is installed in the image {IMAGE}")

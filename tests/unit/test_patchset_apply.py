@@ -128,7 +128,7 @@ _emit(False, error="a hybrid target was accepted without shadow-linear")
 def test_the_installed_base_passes_and_the_other_version_is_refused(host):
     check_base(host.patchset, host.version, host.installed_hashes())
     other = load_patchset(REPO / f"playbooks/ddtree/patches/sglang-{[v for v in VERSIONS if v != host.version][0]}")
-    with pytest.raises(UserError, match=f"the host has sglang=={host.version}"):
+    with pytest.raises(UserError, match=f"sglang=={host.version} is installed on the host"):
         check_base(other, host.version, host.installed_hashes())
 
 
