@@ -202,7 +202,7 @@ def kernel_script(library: str, required: bool = True) -> str:
     """Load a built kernel into the host's torch through the payload's own loader and compare each
     op with the payload's torch code (tree_mask with visibility_mask; topk_logprobs with the
     fallback's candidates, ties and -inf included). The log-probs are held to float64's, not to
-    the fallback's float32 logsumexp: in the lab's containers that was seen, twice in some thirty
+    the fallback's float32 logsumexp: in the lab's containers that was seen, twice in about ninety
     runs, off by 4e-5 on a row the kernel had right to 1e-7, which failed a sound kernel;
     `logprob_deviation` reports both. A library that does not load fails when the kernel is
     required; when optional it passes with fallback=True and the reason."""
