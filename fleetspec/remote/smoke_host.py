@@ -222,6 +222,7 @@ if not status.get("loaded"):
 g = torch.Generator().manual_seed(0)
 tree = du.build_ddtree(torch.randn(4, 8, 64, generator=g), 32, 4)
 checks = {{"tree_mask": bool(torch.equal(torch.ops.fleetspec_ddtree.tree_mask(tree.parents), du.visibility_mask(tree)))}}
+deviation = None
 if hasattr(du, "_candidates_torch"):
     logits = (torch.randn(3, 5, 997, generator=g) * 2).round()
     logits[0, 1] = float("-inf")
@@ -237,7 +238,7 @@ if hasattr(du, "_candidates_torch"):
     checks["same_tree"] = all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("tokens", "parents", "depth", "valid"))
 bad = [k for k, v in checks.items() if not v]
 _emit(not bad, checks=checks, kernel=status, fallback=False, torch=torch.__version__,
-      logprob_deviation=locals().get("deviation"),
+      logprob_deviation=deviation,
       error="kernel differs from the payload's torch code: " + ", ".join(bad) if bad else "")
 '''
 
