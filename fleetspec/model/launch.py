@@ -95,7 +95,8 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
             value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
             if value not in ("auto", "llm"):
                 raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
-                                    "only the LLM server runs speculative decoding", PLAIN)
+                                    "only the LLM server runs speculative decoding",
+                                    "leave this service out of the deploy: it serves no LLM to speculate for")
             n = 1 if "=" in token else 2
             items.append(Item(tuple(args[i:i + n]), None, "--model-type"))
             i += n
