@@ -32,12 +32,20 @@ def test_parser_reads_the_stand_ins_metrics_as_sglang_names_them():
 
 def test_parser_sums_label_sets_and_reads_escapes_and_timestamps():
     text = ('sglang:num_requests_total{model_name="m",is_streaming="true"} 3.0\n'
-            'sglang:num_requests_total{model_name="m \\"q\\"",is_streaming="false"} 4 1700000000000\n'
-            'garbage line\nsglang:num_running_reqs{model_name="m"} NaNx\n')
+            'sglang:num_requests_total{model_name="m \\"q\\"",is_streaming="false"} 4 1700000000000\n')
     samples = prometheus.parse(text)
     assert prometheus.total(samples, prometheus.REQUESTS) == 7
     assert samples[1].label("model_name") == 'm "q"'
     assert prometheus.in_flight(text) is None
+
+
+def test_a_scrape_that_is_not_prometheus_text_is_missing_whole():
+    text = 'sglang:num_requests_total 3\ngarbage line\nsglang:num_running_reqs{model_name="m"} NaNx\n'
+    with pytest.raises(prometheus.Unreadable):
+        prometheus.parse(text)
+    assert prometheus.in_flight(text) is None
+    f = prometheus.figures(text, text)
+    assert f.missing and judge(BakeSpec(min_requests=0), BASE, f).outcome == INCONCLUSIVE
 
 
 def test_figures_are_differences_between_two_scrapes():
