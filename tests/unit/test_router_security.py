@@ -18,6 +18,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.router import RouterSpec
 from fleetspec.ops import drain, fleet
+from fleetspec.remote.facts import release_state
 from fleetspec.remote.router import RouterClient
 from tests.unit.test_router import _wait, engines, router  # noqa: F401  (fixtures)
 from tests.unit.test_router_deploy import _ledger, _rollback, _seat, link  # noqa: F401  (fixtures)
@@ -130,6 +131,8 @@ def test_a_router_line_whose_detail_is_not_an_object_is_reported_not_an_exceptio
     drain.HostDrain(seat, lambda e: None, lambda: 0, said.append, "h").restore_pending(text)
     assert front.requests == [] and other.requests == []
     assert len(said) == 1 and "ignored 3 router line(s)" in said[0] and "not an object" in said[0], said
+    last = text.splitlines()[-1]                 # `status` reads the same last router line as data
+    assert release_state.parse(f"exists=yes\nrouter={last}\n").drained == {}
 
 
 # min_serving on the worst hosts that can be out at once, and again before each drain ---------
