@@ -19,13 +19,14 @@ concurrency is the check.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from packaging.version import Version
+
 from fleetspec.errors import UserError
-from fleetspec.model.launch import Derived, OptionTable
+from fleetspec.model.launch import Derived, OptionTable, sglang_version
 
 POLICIES = ("keep", "rescale", "refuse")
 # The option per version: 0.5.13.post1 --cuda-graph-max-bs, 0.5.23 --cuda-graph-max-bs-decode.
@@ -49,8 +50,9 @@ WIDTH_OF: dict[str, Callable[[int], int]] = {"speculative_ddtree_budget": lambda
 
 
 def _older_than_0_5_14(version: str) -> bool:
-    nums = [int(n) for n in re.findall(r"\d+", version)[:3]]
-    return bool(nums) and tuple(nums) < (0, 5, 14)
+    """PEP 440's order (0.5.13.post1 and 0.5.14rc1 are older; a string that is no version is not)."""
+    v = sglang_version(version)
+    return v is not None and v < Version("0.5.14")
 
 
 def sglang_max_bs(version: str, gpu_mem: float | None, tp: int, max_running: int | None = None) -> int:

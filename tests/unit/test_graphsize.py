@@ -192,3 +192,14 @@ def test_below_the_serving_concurrency_is_refused_with_gpu_facts_and_said_withou
     fits = graphsize.size(derive(NEXTN + ["--cuda-graph-max-bs", "8"], T13, flags=DDTREE[:4] + [
         "--speculative-num-draft-tokens", "4"]), T13, "rescale", "x", {"--speculative-num-draft-tokens": 4}, gpu_mem=H200)
     assert fits.note is None and value_of(fits.derived.argv, "--cuda-graph-max-bs") == 8   # kept: it fits
+
+
+def test_sglang_versions_are_ordered_as_pep_440_orders_them():
+    """Both version rules read a version as packaging (PEP 440) does: a pre-release comes before
+    its release, a post-release after it; a string that is no version is neither."""
+    assert not launch.serve_positional("0.5.23rc1") and not launch.serve_positional("0.5.22")
+    assert launch.serve_positional("0.5.23") and launch.serve_positional("0.5.23.post1")
+    assert not launch.serve_positional("not-a-version")
+    older = graphsize.sglang_max_bs("0.5.13.post1", 24000, 2)
+    assert graphsize.sglang_max_bs("0.5.14rc1", 24000, 2) == older == 24
+    assert graphsize.sglang_max_bs("0.5.14", 24000, 2) == 48
