@@ -269,3 +269,42 @@ def test_a_secret_in_a_variable_is_refused_and_the_rest_is_noted(tmp_path, sshd,
     assert "$MODEL (EnvironmentFile=/e/a), $PORT (EnvironmentFile=/e/a), $NOPE (unset: unset)" in note
     assert "/m" not in note.replace("/e/a", "")                 # names and sources, never values
     assert execstart.check_variables(systemd_unit.effective_exec_command(_unit("", "--x")), host, None, "h: s") == []
+
+
+def test_simulated_acceptance_from_an_environment_file_or_the_manager_fails_the_gates_closed(t, tmp_path):
+    """SGLANG_SIMULATE_ACC_* set in an EnvironmentFile= (read over a real sshd) or in the manager's
+    environment is in the engine's environment as systemd builds it: the plan names it, the
+    drop-in unsets it and every gate is inconclusive (Environment= lines alone missed both)."""
+    from pathlib import Path
+
+    from fleetspec.model import launch
+    from fleetspec.model.playbook import load_playbook
+    from fleetspec.ops import argv as argv_ops
+    from fleetspec.ops import execstart
+    from fleetspec.ops.flags import Flags
+    from fleetspec.ops.gates import INCONCLUSIVE, PASS, Verdict, fail_closed_if_simulated
+
+    env_file = tmp_path / "sglang.env"
+    env_file.write_bytes(b"SGLANG_SIMULATE_ACC_LEN=3\nHF_HOME=/h\n")
+    unit = (f"[Service]\nEnvironment=A=1\nEnvironmentFile=-{env_file}\n"
+            f"ExecStart={PY} -m sglang.launch_server --model-path m --speculative-algorithm EAGLE\n").encode()
+    batch = HostEnv(manager={"SGLANG_SIMULATE_ACC_DIST": "1", "LANG": "C"})     # preflight's batch read it
+    env = execstart.host_environment(t, unit, [], "sglang.service", batch)
+    engine = execstart.engine_environment(unit, [], "sglang.service", HostEnv(env.files, batch.manager), "h: s")
+    assert engine == {"SGLANG_SIMULATE_ACC_DIST": "1", "LANG": "C", "A": "1", "SGLANG_SIMULATE_ACC_LEN": "3",
+                      "HF_HOME": "/h"}
+    playbook = load_playbook(Path(__file__).parents[2] / "playbooks" / "ddtree.yaml")
+    form = launch.classify([PY, "-m", "sglang.launch_server", "--model-path", "m", "--speculative-algorithm", "EAGLE"],
+                           path=PY)
+    plan = argv_ops.plan_launch(form, launch.load_table("0.5.23"), Flags(["--speculative-algorithm", "DDTREE"]),
+                                playbook, "0.5.23", engine, "h: s")
+    assert set(plan.simulated) == set(plan.env_dropped) == {"SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_DIST"}
+    assert [v.verdict for v in fail_closed_if_simulated([Verdict("acceptance", PASS)], plan.simulated)] == [INCONCLUSIVE]
+    # a unit without EnvironmentFile= costs no round trip: the batch's reading is used as it is
+    assert execstart.host_environment(t, b"[Service]\nExecStart=/bin/true\n", [], "s.service", batch) is batch
+    # a required file that is gone: refused in one line (systemd would not start the engine)
+    env_file.unlink()
+    gone = unit.replace(b"=-/", b"=/")
+    with pytest.raises(Exception, match=r"^h: s: EnvironmentFile=.*no such file"):
+        execstart.engine_environment(gone, [], "sglang.service", execstart.host_environment(t, gone, [], "sglang.service"),
+                                     "h: s")
