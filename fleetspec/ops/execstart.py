@@ -17,7 +17,7 @@ from fleetspec.errors import UserError
 from fleetspec.model.baseline import is_secret
 from fleetspec.model.inventory import Host
 from fleetspec.model.playbook import Playbook
-from fleetspec.ops.redaction import secret_refs
+from fleetspec.ops.redaction import argv_secrets, secret_refs
 from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import env_files as env_files_fact
@@ -69,8 +69,11 @@ def check_variables(command: systemd_unit.ExecCommand, host: Host, playbook: Pla
     """Refuse a secret that expansion would write into the drop-in; otherwise the plan's note
     (names and where each value came from, never the values)."""
     names, values = secret_refs(host, playbook)
+    # a secret option's value (`--api-key sk-…`) that a variable brought into the command line:
+    # `SGLANG_ARGS=--api-key sk-…` in a 0600 EnvironmentFile= would land in the 0644 drop-in
+    carried = [v for v in argv_secrets(command.argv) if any(src.value and v in src.value for _, src in command.variables)]
     for name, src in command.variables:
-        if src.value and is_secret(name, src.value, names, values):
+        if src.value and (is_secret(name, src.value, names, values) or any(v in src.value for v in carried)):
             raise UserError(f"{where}: ExecStart= takes ${name} from {src.source}, which holds a secret; fleetspec "
                             f"writes the expanded command line into its drop-in, where `systemctl show` prints it; "
                             f"take the secret out of the command line (or write the unit without the variable)")

@@ -10,9 +10,9 @@ import re
 from collections.abc import Iterable
 
 from fleetspec.errors import UserError
-from fleetspec.secrets import NOT_SECRET_OPTIONS, PLACEHOLDER, SECRET_OPTIONS
 from fleetspec.model.inventory import Host
 from fleetspec.model.playbook import Playbook
+from fleetspec.secrets import NOT_SECRET_OPTIONS, PLACEHOLDER, SECRET_OPTIONS
 
 
 def secrets_of(host: Host, playbook: Playbook) -> list[str]:

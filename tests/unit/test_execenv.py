@@ -308,3 +308,30 @@ def test_simulated_acceptance_from_an_environment_file_or_the_manager_fails_the_
     with pytest.raises(Exception, match=r"^h: s: EnvironmentFile=.*no such file"):
         execstart.engine_environment(gone, [], "sglang.service", execstart.host_environment(t, gone, [], "sglang.service"),
                                      "h: s")
+
+
+@pytest.mark.parametrize("body, execstart", [
+    ("SGLANG_ARGS=--api-key sk-opx-42 --tp 2", "$SGLANG_ARGS"),                 # the option and its value
+    ("SGLANG_ARGS='--admin-api-key=sk-opx-42'", "$SGLANG_ARGS"),
+    ("K=sk-opx-42", "--api-key ${K}"),                                          # the value alone
+    ("K=sk-opx-42", "--api-k $K"),                                              # argparse's unique prefix
+])
+def test_a_secret_option_value_inside_a_variable_is_refused(tmp_path, sshd, ssh_client_key, inventory_writer,
+                                                            body, execstart):
+    """The drop-in (0644) writes the expanded command line: a secret option's value that came from a
+    variable (a 0600 EnvironmentFile=) is refused as a secret-named variable is, in one line."""
+    from fleetspec.errors import UserError
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.ops import execstart as ops_execstart
+
+    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
+    env = HostEnv(files={"/e/a": (("/e/a", f"{body}\nMODEL=/m\n".encode()),)}, manager={})
+    command = execenv.effective_exec_command(_unit("EnvironmentFile=/e/a", f"--model-path $MODEL {execstart}"), env=env)
+    name = body.split("=", 1)[0]
+    with pytest.raises(UserError, match=rf"^h: s: ExecStart= takes \${name} from EnvironmentFile=/e/a, which holds "
+                                        r"a secret;") as err:
+        ops_execstart.check_variables(command, host, None, "h: s")
+    assert "sk-opx-42" not in str(err.value) and "\n" not in str(err.value)
+    # a secret written in the unit itself (already in its 0644 file) with harmless variables: noted, not refused
+    literal = execenv.effective_exec_command(_unit("EnvironmentFile=/e/a", "--api-key sk-opx-42 $MODEL"), env=env)
+    assert ops_execstart.check_variables(literal, host, None, "h: s")
