@@ -87,7 +87,7 @@ def test_each_gpu_fault_is_refused_before_any_change(lab_fleet, gpu_host):
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", check_rc=0)
     # healthy GPUs, and a kernel log line any local user can write: a segfault report naming the
     # mapped file (captured format), the file named like an Xid; it is not one
-    labtools.sh(lab_fleet, host, f"echo \"$(date +%s.%N) {shlex.quote(FORGED)}\" >> /etc/fleetspec-lab/gpu/kernel.log")
+    labtools.sh(lab_fleet, host, f"printf '%s %s\\n' \"$(date +%s.%N)\" {shlex.quote(FORGED)} >> /etc/fleetspec-lab/gpu/kernel.log")
     r = R.fs(root, "deploy", host, "--algo", "nextn", "--plan")
     assert r.returncode == 0 and "refused" not in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
     for case, line in REFUSED.items():
