@@ -76,7 +76,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     check_secret_env(host, playbook)           # before the host is even contacted
     t.check_access()                           # become: sudo that cannot act as root: one line, exit 2
     loaded = preload_patchsets(playbook)
-    got = gather_host(t, host, candidate_paths(loaded))
+    got = gather_host(t, host, candidate_paths(loaded), keep=not req.plan_only)
     svc = read_service(t, host, playbook, req.root, got)
     for k in ("sglang", "torch"):             # the host's python is one others could change: refused, said why
         if isinstance(got[k], FactError) and "runs as root, but" in str(got[k]):
@@ -156,20 +156,21 @@ class ServiceRead:
     env: HostEnv | None = None       # what the process's environment comes from (EnvironmentFile=, manager)
 
 
-def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) -> dict:
+def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = (), keep: bool = False) -> dict:
     """Every fact preflight reads, in one round trip (status's batching, facts.gather_many); a
     failed fact is its FactError, raised or read as None where the check that needs it runs.
     The model's config is read at the inventory's model_path; read_service's ExecStart may name
     another, read again then. `hash_paths`: every patch-set path the playbook could need, hashed
-    by the sglang fact (the version that picks the patch set is not known before the batch)."""
+    by the sglang fact (the version that picks the patch set is not known before the batch).
+    `keep`: the facts may keep their caches on the host (a deploy); --plan writes nothing there."""
     service, python = host.vars.service, host.vars.python
     layout = HostLayout(service)
     return facts.gather_many(t, {
         "unit": (systemd_fact, {"service": service}),
         "files": (unit_files_fact, {"service": service}),
         "ledger": (file_text, {"path": str(layout.ledger)}),
-        "sglang": (sglang_fact, {"python": python, "hash_paths": tuple(hash_paths)}),
-        "torch": (torch_fact, {"python": python}),
+        "sglang": (sglang_fact, {"python": python, "hash_paths": tuple(hash_paths), "keep": keep}),
+        "torch": (torch_fact, {"python": python, "keep": keep}),
         "disk": (disk_fact, {"path": str(layout.root)}),
         "model": (model_fact, {"path": _model_path(host, [])}),
         "gpus": (gpu_fact, {}),
