@@ -223,12 +223,20 @@ def host_argv(run: ContainerRun, engine_argv: Sequence[str]) -> list[str]:
 RELEASE_LABEL = "fleetspec.release"
 
 
-def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: str, root: str,
+def release_mount(release_dir: str) -> list[str]:
+    """The one folder of fleetspec's state a container sees: this release's, read-only, at the same
+    path (its overlay's links point into the image's site-packages, which the image holds at the
+    host's path). Never the state root: the engine runs as root in the container, and every other
+    service's baseline, each release's secrets/env and the run folder would be readable there."""
+    return ["-v", f"{release_dir}:{release_dir}:ro"]
+
+
+def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: str, release_dir: str,
                  env: dict[str, str]) -> list[str]:
     """The host argv that runs a release: every word the operator wrote up to the image kept in
     place, then, just before the image, `--pull=never` (a deploy or rollback never fetches an image),
-    the release id as a label, fleetspec's root bind-mounted read-only at the same path (so the
-    `current` link and the overlay's links resolve inside as outside) and fleetspec's environment
+    the release id as a label, the release folder bind-mounted read-only (release_mount; `env`
+    names paths inside it, not the `current` link, which is not mounted) and fleetspec's environment
     (PYTHONPATH first on the import path); then the derived engine command."""
     written = {str(v).split("=", 1)[0] for v in run.option("-e", "--env") if v is not None}
     clash = sorted(written & set(env))
@@ -237,7 +245,7 @@ def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: s
                             "and would hide the operator's value", "move it into the image or the unit's "
                             "environment (`-e NAME` without a value passes it through)")
     tail = host_argv(run, engine_argv)[run.image_at:]
-    added = ["--pull=never", "--label", f"{RELEASE_LABEL}={release_id}", "-v", f"{root}:{root}:ro"]
+    added = ["--pull=never", "--label", f"{RELEASE_LABEL}={release_id}", *release_mount(release_dir)]
     for name, value in env.items():
         added += ["-e", f"{name}={value}"]
     return [*run.argv[:run.image_at], *added, *tail]

@@ -51,7 +51,8 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
         raise UserError(f"{where}: launch.secret_env of {req.playbook.path.name} is not passed into a container "
                         "yet (its EnvironmentFile= would reach the runtime, not the engine)")
     try:
-        container_launch.with_release(run, run.engine.argv, release_id="check", root="/", env={"PYTHONPATH": ""})
+        container_launch.with_release(run, run.engine.argv, release_id="check", release_dir="/check",
+                                       env={"PYTHONPATH": ""})
         container_launch.smoke_argv(run, [], [])
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None

@@ -45,6 +45,11 @@ REFUSED = {
 }
 
 
+# tests/fixtures/facts/gpu_health/h200-x1-forged-xid-in-a-segfault-report.json's captured line, on GPU 1
+FORGED = ("python3[9020]: segfault at 0 ip 00007f65fb13e000 sp 00007fff48a129d8 error 4 in NVRM: Xid (PCI:0000:3b:00): "
+          "79, pid=1, GPU has fallen off the bus.[0,7f65fb13e000+1000] likely on CPU 1 (core 1, socket 0)")
+
+
 @pytest.fixture(scope="module")
 def gpu_host(lab_fleet, tmp_path_factory):
     """hosts[0] (like ct129: TP 2) and a fleet root whose python for it reports CUDA 12.8."""
@@ -80,6 +85,9 @@ def test_each_gpu_fault_is_refused_before_any_change(lab_fleet, gpu_host):
     host, root = gpu_host
     before = _untouched(lab_fleet, host)
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", check_rc=0)
+    # healthy GPUs, and a kernel log line any local user can write: a segfault report naming the
+    # mapped file (captured format), the file named like an Xid; it is not one
+    labtools.sh(lab_fleet, host, f"printf '%s %s\\n' \"$(date +%s.%N)\" {shlex.quote(FORGED)} >> /etc/fleetspec-lab/gpu/kernel.log")
     r = R.fs(root, "deploy", host, "--algo", "nextn", "--plan")
     assert r.returncode == 0 and "refused" not in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
     for case, line in REFUSED.items():

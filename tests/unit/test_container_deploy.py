@@ -154,13 +154,16 @@ def test_a_container_release_runs_the_same_runtime_words_with_the_release_mounte
     pf, run = _preflight(ROOT)
     release = staging.new_release(pf, "20261204T000000Z-ddtree-0001", patch_files={"sglang/x.py": b"x = 1\n"},
                                   kernel_files={})
-    root, current = "/var/lib/fleetspec", "/var/lib/fleetspec/sglang-qwen/current"
-    env = {**pf.playbook.launch.env, "PYTHONPATH": f"{current}/overlay"}      # the playbook's, then the release's
-    assert release.argv == container_launch.with_release(run, pf.new_argv, release_id=release.id, root=root, env=env)
+    rdir = f"/var/lib/fleetspec/sglang-qwen/releases/{release.id}"
+    env = {**pf.playbook.launch.env, "PYTHONPATH": f"{rdir}/overlay"}      # the playbook's, then the release's
+    assert release.argv == container_launch.with_release(run, pf.new_argv, release_id=release.id, release_dir=rdir,
+                                                         env=env)
     at = release.argv.index(LAB_IMAGE)
     assert release.argv[:run.image_at] == list(run.argv[:run.image_at])     # the operator's words, in place
+    # only this release's folder, read-only: never the state root (other services' baselines, secrets)
     assert release.argv[run.image_at:at] == ["--pull=never", "--label", f"fleetspec.release={release.id}", "-v",
-                                             f"{root}:{root}:ro", *[w for k, v in env.items() for w in ("-e", f"{k}={v}")]]
+                                             f"{rdir}:{rdir}:ro", *[w for k, v in env.items() for w in ("-e", f"{k}={v}")]]
+    assert not any(w.startswith("/var/lib/fleetspec:") for w in release.argv)
     assert release.argv[at + 1:] == pf.new_argv
     assert (release.exec_prefix, release.exec_path) == ("", None)
     # the drop-in's ExecStart= is that argv, as systemd reads it back
@@ -171,13 +174,13 @@ def test_a_container_release_runs_the_same_runtime_words_with_the_release_mounte
 
 def test_the_smoke_runner_runs_in_the_units_image_with_the_releases_overlay_first():
     pf, run = _preflight(ROOT)
-    state = SimpleNamespace(layout=HostLayout("sglang-qwen.service"))
-    overlay = "/var/lib/fleetspec/sglang-qwen/releases/r1/overlay"
-    argv = shlex.split(smoke_run.container_command(pf, state, {"PYTHONPATH": overlay}))
+    rdir = str(HostLayout("sglang-qwen.service").release("r1"))
+    overlay = f"{rdir}/overlay"
+    argv = shlex.split(smoke_run.container_command(pf, rdir, {"PYTHONPATH": overlay}))
     assert argv[:3] == ["/usr/bin/podman", "run", "--rm"]
     assert argv[argv.index("--entrypoint") + 1:argv.index("--entrypoint") + 4] == [run.engine.argv[0], LAB_IMAGE, "-c"]
     assert "--name" not in argv and "-i" in argv and "--pull=never" in argv
-    assert ["-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro"] == argv[argv.index("-i") + 1:argv.index("-i") + 3]
+    assert ["-v", f"{rdir}:{rdir}:ro"] == argv[argv.index("-i") + 1:argv.index("-i") + 3]    # the release only
     assert f"PYTHONPATH={overlay}" in argv and "PYTHONSAFEPATH=1" in argv
     for o in run.options:              # the unit's mounts, network and IPC, but not its name or --rm
         if o.name in ("-v", "--network", "--ipc", "-e"):
