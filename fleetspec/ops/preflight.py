@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from fleetspec.errors import UserError
+from fleetspec.model import container_launch
 from fleetspec.model import ledger as L
 from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.inventory import Host
@@ -134,11 +135,14 @@ def _check_container(t: TransportLike, host: Host, svc: "ServiceRead", run: Cont
     runtime, image, the options kept and the image's sglang files against RECORD."""
     if run is None or container is None:
         return []
-    inside = container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv, patchset)
+    paths = {"vars.model_path": host.vars.model_path, "vars.draft_model_path": host.vars.draft_model_path}
+    inside = container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv, patchset,
+                                               {k: v for k, v in paths.items() if v})
     return [f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
             f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
             f"for byte: {' '.join(o.name for o in run.options) or '-'}",
-            f"{host.name}: container: {container_plan.image_files_note(inside)}"]
+            f"{host.name}: container: {container_plan.image_files_note(inside)}",
+            *(f"{host.name}: container: {note}" for note in container_launch.handling_notes(run))]
 
 
 @dataclass
@@ -236,9 +240,13 @@ def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceR
     # the operator's environment as systemd builds it (Environment=, EnvironmentFile=, the manager's;
     # fleetspec's own drop-in left out); a container's engine sees only its -e/--env (kept byte
     # for byte), not the unit's
-    form = svc.form.engine if isinstance(svc.form, ContainerRun) else svc.form
-    environment = {} if isinstance(svc.form, ContainerRun) else execstart.engine_environment(
+    if isinstance(svc.form, ContainerRun):
+        # the engine's -e variables (`-e NAME`: passed through from the unit's; its value is not needed)
+        return argv_ops.plan_launch(svc.form.engine, table, flags, playbook, version,
+                                    {n: v or "" for n, v in svc.form.env().items()},
+                                    f"{host.name}: {svc.service}", gpu_mem, env_where="the container's -e")
+    environment = execstart.engine_environment(
         svc.unit_bytes, svc.dropin_texts, svc.service, svc.env or HostEnv(), f"{host.name}: {svc.service}")
-    return argv_ops.plan_launch(form, table, flags, playbook, version, environment,
+    return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
                                 f"{host.name}: {svc.service}", gpu_mem)
 
