@@ -20,11 +20,12 @@ The policy (the playbook's `launch.cuda_graph`): when the new width at the graph
 the baseline's memory, nothing changes. Otherwise `keep` leaves it (an out-of-memory at capture is
 loud: probes fail and the deploy reverts); `refuse` stops at preflight; not set (the default), an
 explicit size is the operator's tuning and is kept, so it is refused in one line saying what fits
-(a smaller verify, a lower max bs and what it costs, or `keep`), and only sglang's own default is
-rescaled; `rescale` also rescales an explicit one. A rescale never takes the graph below the
-requests per rank it covered: with GPU facts that is refused the same way; without them (the lab)
-the fallback's real size is unknown, so the rescale goes ahead, the note says so, and the
-throughput gate at the serving concurrency is the check.
+(a smaller verify, `rescale` with the max bs it gives and what that costs, or `keep`); sglang's own
+default is rescaled only where the graph keeps covering the requests per rank it covered, which
+with GPU facts means refused likewise. Without GPU facts (the lab) the fallback's real size is
+unknown, so the default is rescaled, the note says what it costs, and the throughput gate at the
+serving concurrency is the check. `rescale` is the operator accepting that cost: explicit or
+default, the size is lowered to what fits and the note names the batches that lose their graph.
 """
 
 from __future__ import annotations
@@ -313,11 +314,13 @@ def size(derived: Derived, table: OptionTable, policy: str | None, where: str,
                                     f"(launch.cuda_graph: keep); an out-of-memory at capture fails the probes and "
                                     f"the deploy reverts")
     fits, fit_width = budget // wide, budget // cov
+    new = max(1, fits)
+    at_once = f"{running.value}{' or more' if running.bound else ''}"
+    cost = f"batches of more than {new} requests per rank then run entirely without CUDA graphs, at up to {at_once} at once"
     width_hint = f"a verify of at most {fit_width} tokens per request" + (
         f" (ddtree: --set budget={fit_width - 1})" if fit_width > 1 else "")
-    lower = (f"{option} {fits} in the baseline (batches of more than {fits} requests per rank then run entirely "
-             f"without CUDA graphs, at up to {running.value}{' or more' if running.bound else ''} at once)"
-             if fits >= 1 else f"no {option} holds even one request of {wide} tokens within {budget}")
+    lower = (f"launch.cuda_graph: rescale, to {option} {new} ({cost})" if fits >= 1 else
+             f"no {option} holds even one request of {wide} tokens within {budget}")
     refusal = (f"{where}: {named_bs} holds {bs} x {base} = {budget} verify tokens; the new launch verifies {wide} "
                f"per request, and its graph would capture {cov} x {wide} = {cov * wide} (it covers {cov} requests "
                f"per rank{capped}; concurrency {running.said()}). Fits: {width_hint}; or {lower}; or "
@@ -325,18 +328,17 @@ def size(derived: Derived, table: OptionTable, policy: str | None, where: str,
     if policy == "refuse":
         raise UserError(f"{refusal} (launch.cuda_graph: refuse)")
     if policy is None and graph.explicit is not None:
-        raise UserError(f"{refusal} (an explicit graph size is kept unless the playbook says launch.cuda_graph: "
-                        f"rescale)")
-    if gpu_mem is not None:
-        raise UserError(f"{refusal} (a rescale to {max(1, fits)} would cover fewer requests per rank than the "
-                        f"baseline's {cov})")
-    new = max(1, fits)
+        raise UserError(f"{refusal} (launch.cuda_graph not set: an explicit graph size is kept)")
+    if policy is None and gpu_mem is not None:
+        raise UserError(f"{refusal} (launch.cuda_graph not set: sglang's own size is rescaled only where the "
+                        f"graph keeps covering the {cov} requests per rank it covered)")
     said = (f"{covers}; the new launch verifies {wide} per request: {option} {bs} -> {new} "
             + (f"({new} x {wide} = {new * wide} <= {budget})" if fits >= 1 else
                f"(the smallest graph: 1 x {wide} = {wide} is still more than {budget})"))
     if new < cov:
-        said += (f"; batches of more than {new} requests per rank now run without CUDA graphs: without GPU facts "
-                 f"the throughput gate at the serving concurrency is the check")
+        said += f"; {cost.replace(' then ', ' now ')}" + (
+            ": without GPU facts the throughput gate at the serving concurrency is the check" if gpu_mem is None
+            else " (launch.cuda_graph: rescale)")
     if graph.explicit == "list":
         return GraphSizing(_with_list(derived, table, new), said)
     return GraphSizing(_with_bs(derived, option, table.options[option][0], new, table), said)

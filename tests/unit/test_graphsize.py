@@ -288,18 +288,22 @@ def test_a_cuda_graph_bs_list_sets_the_max_bs_and_a_rescale_rewrites_the_list():
 def test_sglangs_own_concurrency_without_max_running_requests_keeps_an_explicit_graph():
     """No --max-running-requests: sglang runs 2048 or more per rank, so an explicit --cuda-graph-max-bs 8
     is not cut to 1 (every batch above 1 would then run without graphs): not set, the policy keeps an
-    explicit size and refuses in one line saying what fits; `rescale` refuses too with GPU facts."""
+    explicit size and refuses in one line saying what fits; `rescale`, the operator's choice, cuts it
+    and names what that costs."""
     d = derive(NEXTN + ["--cuda-graph-max-bs", "8"], T13)
-    for policy in (None, "rescale"):
-        with pytest.raises(UserError) as err:
-            graphsize.size(d, T13, policy, "ct1: sglang.service", VALUES, gpu_mem=H200)
-        said = str(err.value)
-        assert "\n" not in said and said.startswith("ct1: sglang.service: --cuda-graph-max-bs 8 (set in the baseline) "
-                                                    "holds 8 x 4 = 32 verify tokens")
-        assert "concurrency at least 2048 per rank (sglang's default without --max-running-requests" in said
-        assert "a verify of at most 4 tokens per request (ddtree: --set budget=3)" in said
-        assert "no --cuda-graph-max-bs holds even one request of 65 tokens within 32" in said
-        assert "launch.cuda_graph: keep" in said
+    with pytest.raises(UserError) as err:
+        graphsize.size(d, T13, None, "ct1: sglang.service", VALUES, gpu_mem=H200)
+    said = str(err.value)
+    assert "\n" not in said and said.startswith("ct1: sglang.service: --cuda-graph-max-bs 8 (set in the baseline) "
+                                                "holds 8 x 4 = 32 verify tokens")
+    assert "concurrency at least 2048 per rank (sglang's default without --max-running-requests" in said
+    assert "a verify of at most 4 tokens per request (ddtree: --set budget=3)" in said
+    assert "no --cuda-graph-max-bs holds even one request of 65 tokens within 32" in said
+    assert "launch.cuda_graph: keep" in said and said.endswith("(launch.cuda_graph not set: an explicit graph size is kept)")
+    cut = graphsize.size(d, T13, "rescale", "x", VALUES, gpu_mem=H200)
+    assert value_of(cut.derived.argv, "--cuda-graph-max-bs") == 1
+    assert cut.note.endswith("batches of more than 1 requests per rank now run entirely without CUDA graphs, at up to "
+                             "2048 or more at once (launch.cuda_graph: rescale)")
     kept = graphsize.size(d, T13, "keep", "x", VALUES, gpu_mem=H200)
     assert kept.derived == d and "kept (launch.cuda_graph: keep)" in kept.note
     assert graphsize.size(derive(NEXTN, T13), T13, "keep", "x", VALUES).derived == derive(NEXTN, T13)
@@ -335,7 +339,7 @@ def test_0_5_13_captures_no_more_than_the_request_pool():
 
 def test_below_the_graphs_coverage_is_refused_with_gpu_facts_and_said_without():
     argv = NEXTN + ["--max-running-requests", "16"]
-    for policy in (None, "rescale"):
+    for policy in (None, "refuse"):
         with pytest.raises(UserError) as err:
             graphsize.size(derive(argv, T13), T13, policy, "ct129: sglang-qwen.service", VALUES, gpu_mem=H200)
         said = str(err.value)
@@ -344,13 +348,15 @@ def test_below_the_graphs_coverage_is_refused_with_gpu_facts_and_said_without():
                                                     "256 x 4 = 1024 verify tokens")
         assert "its graph would capture 16 x 65 = 1040 (it covers 16 requests per rank" in said
         assert "--set budget=63" in said                  # 64 verify tokens x 16 requests = 1024
-        assert ("--cuda-graph-max-bs 15 in the baseline (batches of more than 15 requests per rank then run entirely "
-                "without CUDA graphs, at up to 16 at once)") in said
+        assert ("launch.cuda_graph: rescale, to --cuda-graph-max-bs 15 (batches of more than 15 requests per rank "
+                "then run entirely without CUDA graphs, at up to 16 at once)") in said
+    chosen = graphsize.size(derive(argv, T13), T13, "rescale", "x", VALUES, gpu_mem=H200)
+    assert chosen.derived.added[-2:] == ["--cuda-graph-max-bs", "15"] and "(launch.cuda_graph: rescale)" in chosen.note
     lab = graphsize.size(derive(argv, T13), T13, None, "ct129: s", VALUES)          # no GPU facts: the fallback
     assert lab.derived.added[-2:] == ["--cuda-graph-max-bs", "9"]
     assert lab.note.startswith("--cuda-graph-max-bs 160 (no GPU facts on this host: sglang's fallback")
     assert "--cuda-graph-max-bs 160 -> 9 (9 x 65 = 585 <= 640)" in lab.note
-    assert "batches of more than 9 requests per rank now run without CUDA graphs" in lab.note
+    assert "batches of more than 9 requests per rank now run entirely without CUDA graphs, at up to 16 at once" in lab.note
     fits = graphsize.size(derive(NEXTN + ["--cuda-graph-max-bs", "8"], T13, flags=DDTREE[:4] + [
         "--speculative-num-draft-tokens", "4"]), T13, None, "x", {"--speculative-num-draft-tokens": 4}, gpu_mem=H200)
     assert value_of(fits.derived.argv, "--cuda-graph-max-bs") == 8 and "kept" in fits.note   # it fits
@@ -365,7 +371,8 @@ def test_a_clamped_rescale_does_not_claim_to_fit():
 @pytest.mark.parametrize("gpu", list(GPUS))
 def test_with_gpu_facts_no_corpus_launch_loses_graph_coverage_without_a_refusal(gpu):
     """Every moved launch of the corpus, on each GPU kind, under each policy: refused, or its graph
-    covers as many requests per rank as the baseline's; not set, an explicit size is never changed."""
+    covers as many requests per rank as the baseline's (`rescale`: or the note names the batches
+    that lose it); not set, an explicit size is never changed."""
     checked = 0
     for case in MOVED:
         try:
@@ -387,6 +394,9 @@ def test_with_gpu_facts_no_corpus_launch_loses_graph_coverage_without_a_refusal(
                     continue
                 after = graphsize.graph_of(sized.derived.kept, table, GPUS[gpu], running)
                 assert before is not None and after is not None
+                if policy == "rescale" and after.coverage < before.coverage:      # chosen, and said
+                    assert "run entirely without CUDA graphs" in sized.note, (case["id"], table.version)
+                    continue
                 assert after.coverage >= before.coverage, (case["id"], table.version, policy)
                 if policy is None and before.explicit:
                     assert sized.derived == d, (case["id"], table.version)
