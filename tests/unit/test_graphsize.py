@@ -392,7 +392,8 @@ def test_with_gpu_facts_no_corpus_launch_loses_graph_coverage_without_a_refusal(
                     sized = graphsize.size(d, table, policy, "x", VALUES, gpu_mem=GPUS[gpu])
                 except UserError:
                     continue
-                after = graphsize.graph_of(sized.derived.kept, table, GPUS[gpu], running)
+                final = [*sized.derived.kept, *graphsize._pairs(sized.derived.added)]      # an added flag too
+                after = graphsize.graph_of(final, table, GPUS[gpu], running)
                 assert before is not None and after is not None
                 if policy == "rescale" and after.coverage < before.coverage:      # chosen, and said
                     assert "run entirely without CUDA graphs" in sized.note, (case["id"], table.version)
