@@ -402,3 +402,26 @@ def test_with_gpu_facts_no_corpus_launch_loses_graph_coverage_without_a_refusal(
                 if policy is None and before.explicit:
                     assert sized.derived == d, (case["id"], table.version)
     assert checked >= 30, checked
+
+
+def test_the_plan_says_the_per_rank_concurrency_the_coverage_and_their_sources():
+    """plan_launch (what --plan prints as notes) on ct129's baseline with the ddtree playbook: the
+    graph's coverage and the per-rank concurrency with where each came from, with and without GPU
+    facts."""
+    from fleetspec.lab.profiles import CT129_ARGV
+    from fleetspec.ops import argv as argv_ops
+    from fleetspec.ops.flags import render_flags
+
+    ddtree = load_playbook(ROOT / "playbooks" / "ddtree.yaml")
+    form = launch.classify(list(CT129_ARGV), path=CT129_ARGV[0])
+    flags = render_flags(ddtree, {"draft_model_path": "/models/draft"}, {"budget": 15, "topk_cap": 8, "verify": "tree"})
+    plan = argv_ops.plan_launch(form, T13, flags, ddtree, "0.5.13.post1", {}, "ct129: sglang-qwen.service",
+                                gpu_mem=H200)
+    assert ("cuda graph: --cuda-graph-max-bs 256 (sglang 0.5.13.post1's own choice for 143771 MiB GPUs at TP 2) "
+            "covers batches of up to 16 requests per rank, capped at the request pool; concurrency 16 per rank "
+            "(--max-running-requests 16); the new launch captures 16 x 16 = 256 <= 256 x 4 = 1024 verify tokens: "
+            "--cuda-graph-max-bs kept") in plan.notes
+    assert "--cuda-graph-max-bs" not in plan.derived.argv
+    lab = argv_ops.plan_launch(form, T13, flags, ddtree, "0.5.13.post1", {}, "ct129: sglang-qwen.service")
+    note = next(n for n in lab.notes if n.startswith("cuda graph: "))
+    assert "(no GPU facts on this host" in note and "concurrency 16 per rank (--max-running-requests 16)" in note
