@@ -168,13 +168,13 @@ def graph_of(kept: Sequence[Sequence[str]], table: OptionTable, gpu_mem: float |
         bs, source, explicit = max(listed[1]), f"the largest of {listed[0]} {' '.join(map(str, listed[1]))}", "list"
     elif written is not None:
         bs, source, explicit = written, "set in the baseline", table.options[option][0]
-    elif gpu_mem is not None:
-        bs = sglang_max_bs(table.version, gpu_mem, tp, _int(named.get("max_running_requests")))
-        source, explicit = f"sglang {table.version}'s own choice for {gpu_mem:.0f} MiB GPUs at TP {tp}", None
     else:
-        bs = sglang_max_bs(table.version, None, tp, _int(named.get("max_running_requests")))
-        source = "no GPU facts on this host: sglang's fallback without GPU memory (the real size is unknown)"
-        explicit = None
+        mrr = _int(named.get("max_running_requests"))
+        bs, explicit = sglang_max_bs(table.version, gpu_mem, tp, mrr), None
+        source = (f"sglang {table.version}'s own choice for {gpu_mem:.0f} MiB GPUs at TP {tp}" if gpu_mem is not None
+                  else "no GPU facts on this host: sglang's fallback without GPU memory (the real size is unknown)")
+        if bs < sglang_max_bs(table.version, gpu_mem, tp):
+            source += f", capped at --max-running-requests {mrr}"
     return Graph(bs, source, explicit, min(bs, running.value) if not running.bound else bs)
 
 
