@@ -113,14 +113,17 @@ def test_a_restart_that_logs_an_xid_names_it_and_the_host_needs_attention(lab_fl
     labtools.fs(lab_fleet, "lab", "fault", host, "--clear", check_rc=0)
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", "xid_at_start=79", "crash_at_start",
                 "only_algorithm=DDTREE", check_rc=0)
-    # graph sizing from the GPU facts: sglang's own 256 on H200 at TP 2 holds 1024 verify tokens,
-    # 15 requests of a 64-node tree: below the 16 this host serves, refused; budget 15 fits 64
+    # graph sizing from the GPU facts: sglang's own 256 on H200 at TP 2 holds 1024 verify tokens;
+    # the graph covers the 16 requests this host serves (the request pool), and 16 x 65 does not
+    # fit: refused; at budget 15, 16 x 16 = 256 fits without a change
     r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--plan")
     said = r.stdout + r.stderr
     assert r.returncode == 2 and "--cuda-graph-max-bs 256 (sglang 0.5.13.post1's own choice for 143771 MiB GPUs " \
-        "at TP 2)" in said and "15 requests per graph fit, below the 16" in said, said[-3000:]
+        "at TP 2)" in said and "its graph would capture 16 x 65 = 1040 (it covers 16 requests per rank" in said, \
+        said[-3000:]
     r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--plan", "--set", "budget=15")
-    assert r.returncode == 0 and "--cuda-graph-max-bs 256 -> 64 (64 x 16 = 1024 <= 1024)" in r.stdout, r.stdout[-3000:]
+    assert r.returncode == 0 and "the new launch captures 16 x 16 = 256 <= 256 x 4 = 1024 verify tokens: " \
+        "--cuda-graph-max-bs kept" in r.stdout, r.stdout[-3000:]
     try:
         r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--set", "budget=15", "--yes", "--no-gates",
                         "--json")
