@@ -82,10 +82,12 @@ def gate(obj, baseline, candidate, algo, playbook_file, concurrency, hybrid, bak
         if candidate or not is_url:
             raise UserError("--record measures a baseline URL and writes it: give --baseline URL and no --candidate")
         note(f"measuring the baseline {baseline}")
-        data = endpoint_gate.to_record(baseline, endpoint_gate.measure(HttpDirect(baseline, "baseline"), settings))
-        Path(record).write_text(json.dumps(data, sort_keys=True) + "\n")
-        echo(json.dumps({"recorded": record, "figures": endpoint_gate.from_record(Path(record)).figures()}))
-        return
+        code, shown, data = endpoint_gate.record(HttpDirect(baseline, "baseline"), settings)
+        if data is not None:
+            Path(record).write_text(json.dumps(data, sort_keys=True) + "\n")
+            shown["recorded"] = record
+        echo(json.dumps(shown, sort_keys=True))
+        sys.exit(code)
     if not candidate:
         raise UserError("--candidate URL is required (or --record FILE to measure the baseline only)")
     if bake and pb.bake is None:

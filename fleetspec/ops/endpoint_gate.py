@@ -110,6 +110,20 @@ def from_record(path: Path) -> Measurement:
         raise UserError(f"{path}: not a recorded baseline: {err}") from None
 
 
+def record(client: HttpDirect, s: Settings) -> tuple[int, dict, dict | None]:
+    """(exit code, what to print, the record to write or None): a baseline that does not answer, or
+    answers any request with an error, is not recorded (exit 3): a partial baseline judges nothing."""
+    why = _unreachable(client, s.api_key)
+    if why:
+        return EXIT[INCONCLUSIVE], {"verdict": INCONCLUSIVE, "reasons": [f"baseline not answering: {why}"]}, None
+    m = measure(client, s)
+    if m.errors:
+        return EXIT[INCONCLUSIVE], {"verdict": INCONCLUSIVE, "figures": m.figures(),
+                                    "reasons": [f"{len(m.errors)} of the baseline's requests failed or came back "
+                                                f"malformed (first: {m.errors[0]})"]}, None
+    return 0, {"figures": m.figures()}, to_record(client.url, m)
+
+
 def _unreachable(client: HttpDirect, api_key: str | None) -> str | None:
     try:
         r = client.http("GET", client.port, "/health", timeout=10, headers=sglang_api.auth_headers(api_key))

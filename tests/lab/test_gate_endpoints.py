@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -35,10 +37,22 @@ def gate(fleet, *args) -> tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def test_gate_passes_a_good_ddtree_release_and_fails_a_broken_one_against_ct129s_baseline(lab_fleet, tmp_path):
     host = lab_fleet.hosts[0]
     assert profiles.for_host(host).like == "ct129"
     url = f"http://{lab_fleet.addresses[host]}:30000"
+    deadline = time.monotonic() + 300          # a fresh host's stand-in takes a while to load
+    while not ready(url):
+        assert time.monotonic() < deadline, f"{host}'s engine never answered {url}/ready"
+        time.sleep(2)
     playbook = tmp_path / "playbooks" / "ddtree.yaml"
     playbook.parent.mkdir()
     (playbook.parent / "ddtree").symlink_to(lab_fleet.root / "playbooks" / "ddtree")

@@ -182,3 +182,11 @@ def test_gate_needs_no_fleet_root_with_a_playbook_file(tmp_path, engines):
                         "--candidate", new.url, "--playbook", str(pb)], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
+
+
+def test_a_baseline_with_failed_requests_is_not_recorded(engines, tmp_path):
+    old = engines("DFLASH", faults={"fail_requests_after": 2})
+    rc, out, _ = gate("--baseline", old.url, "--record", str(tmp_path / "base.json"),
+                      "--playbook", str(playbook(tmp_path)))
+    assert rc == 3 and out["verdict"] == "inconclusive" and not (tmp_path / "base.json").exists(), out
+    assert "of the baseline's requests failed" in out["reasons"][0]
