@@ -47,7 +47,7 @@ def flow(value: Any) -> str:
     return json.dumps(value)
 
 
-def get(node: yaml.Node, key: str) -> yaml.Node | None:
+def get(node: yaml.Node | None, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode) and k.value == key:
@@ -61,9 +61,9 @@ def key_node(node: yaml.MappingNode, key: str) -> yaml.Node | None:
 
 def content_end(node: yaml.Node) -> int:
     """Where a node's own text ends (a block collection's end mark lies at the next token)."""
-    if isinstance(node, yaml.MappingNode) and node.flow_style is False and node.value:
+    if isinstance(node, yaml.MappingNode) and not node.flow_style and node.value:
         return content_end(node.value[-1][1])
-    if isinstance(node, yaml.SequenceNode) and node.flow_style is False and node.value:
+    if isinstance(node, yaml.SequenceNode) and not node.flow_style and node.value:
         return content_end(node.value[-1])
     return node.end_mark.index
 

@@ -69,7 +69,7 @@ def _docs(text: str, path: str) -> list[Any]:
         raise UserError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
 
 
-def templates(text: str, path: str) -> list[tuple[str, int, str, dict]]:
+def templates(text: str, path: str) -> list[tuple[str, int, str, dict[str, Any]]]:
     """(where, document index, role, pod template) of every LeaderWorkerSet in the file."""
     out = []
     for i, doc in enumerate(_docs(text, path)):
@@ -97,7 +97,7 @@ def containers(text: str, path: str) -> list[list[Container]]:
 
 
 def _template_node(docs: list[yaml.Node], c: Container) -> yaml.MappingNode:
-    node = get(get(get(docs[c.doc], "spec"), "leaderWorkerTemplate"), c.role)       # type: ignore[arg-type]
+    node = get(get(get(docs[c.doc], "spec"), "leaderWorkerTemplate"), c.role)
     assert isinstance(node, yaml.MappingNode)
     return node
 
