@@ -41,10 +41,11 @@ def _vars(pairs) -> dict[str, str]:
               help="What the playbook reads as host.NAME (draft_model_path=…); repeatable.")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Override a playbook option.")
 @click.option("--hybrid", is_flag=True, help="The target is hybrid (linear attention / recurrent layers).")
+@click.option("--gpu-memory", type=float, metavar="MIB", help="The smallest GPU's memory in MiB (cuda graph sizing).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (with --lws: the manifest under `manifest`).")
 @click.pass_obj
 def render(obj, argv, algo, playbook_file, version, source, service, lws_file, release_image, host_vars, sets,
-           hybrid, as_json):
+           hybrid, gpu_memory, as_json):
     """Print the launch a deploy would derive for an algo: argv, environment set and unset, notes;
     a refusal is preflight's own one line (exit 2). From --file, an ARGV after `--`, or --lws
     (the manifest with its leader and worker templates patched, everything else byte for byte).
@@ -59,7 +60,7 @@ def render(obj, argv, algo, playbook_file, version, source, service, lws_file, r
     if sum(map(bool, (argv, source, lws_file))) != 1:
         raise UserError("give one source: --file FILE, --lws FILE.yaml, or the command after `--`")
     pb = load_playbook_option(obj, algo, playbook_file)
-    target = render_launch.Target(version, _vars(host_vars), hybrid, parse_overrides(pb, sets))
+    target = render_launch.Target(version, _vars(host_vars), hybrid, parse_overrides(pb, sets), gpu_memory)
     if lws_file:
         text, rendered = render_launch.lws(Path(lws_file), pb, target, release_image)
         if as_json:

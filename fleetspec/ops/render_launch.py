@@ -34,6 +34,7 @@ class Target:
     host_vars: Mapping[str, Any] = field(default_factory=dict)
     hybrid: bool = False
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    gpu_mem: float | None = None          # the smallest GPU's memory, MiB (cuda graph sizing)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def derive(form: LaunchForm, environment: Mapping[str, str], playbook: Playbook,
     model = _value(form.args, "--model-path")
     flags = render_flags(playbook, {"model_path": model, **target.host_vars}, options.values)
     plan = argv_ops.plan_launch(form, table_for(target.version), flags, playbook, target.version,
-                                dict(environment), where)
+                                dict(environment), where, target.gpu_mem)
     notes = [*options.notes, *plan.notes]
     if playbook.patchset_for(target.version):
         notes.append(f"the release (patch set for sglang {target.version}) goes first on PYTHONPATH")
