@@ -153,3 +153,25 @@ def test_the_crd_schema_catches_a_broken_template():
     doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"] = ["--tp", 2]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, crd_schema())
+
+
+def test_docs_job_manifest_is_valid_and_runs_fleetspec_gate():
+    """docs/kubernetes.md's Job validates as a core batch/v1 Job, and it and the AnalysisTemplate
+    call `gate` with options the command has."""
+    import re
+
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    job = next(b for b in blocks if b["kind"] == "Job")
+    kubernetes_validate.validate(job, K8S, strict=True)
+    template = next(b for b in blocks if b["kind"] == "AnalysisTemplate")
+    spec = template["spec"]["metrics"][0]["provider"]["job"]["spec"]
+    kubernetes_validate.validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"}, "spec": spec},
+                                 K8S, strict=True)
+    help_text = subprocess.run([sys.executable, "-m", "fleetspec", "gate", "--help"], capture_output=True, text=True,
+                               cwd=REPO, timeout=60).stdout
+    for args in (job["spec"]["template"]["spec"]["containers"][0]["args"], spec["template"]["spec"]["containers"][0]["args"]):
+        assert args[0] == "gate"
+        for word in args[1:]:
+            if word.startswith("--"):
+                assert word in help_text, word
