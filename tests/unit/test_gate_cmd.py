@@ -190,3 +190,54 @@ def test_a_baseline_with_failed_requests_is_not_recorded(engines, tmp_path):
                       "--playbook", str(playbook(tmp_path)))
     assert rc == 3 and out["verdict"] == "inconclusive" and not (tmp_path / "base.json").exists(), out
     assert "of the baseline's requests failed" in out["reasons"][0]
+
+
+class Endless:
+    """A real HTTP server on loopback whose /health body never ends (or that records headers)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.auth: list = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.auth.append(self.headers.get("Authorization"))
+                self.send_response(200)
+                self.end_headers()
+                if self.path == "/health":
+                    try:
+                        while True:
+                            self.wfile.write(b"x" * 65536)
+                    except OSError:
+                        return
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_endless_answer_is_capped_and_the_api_key_travels_only_in_its_header(engines, tmp_path):
+    """The direct client reads at most 16 MiB of an answer (remote/limits.py), as over SSH; the API
+    key comes from an environment variable (never argv, which `ps` and a Job's manifest show), goes
+    as a Bearer header and is printed nowhere."""
+    server, old = Endless(), engines("DFLASH")
+    try:
+        r = subprocess.run([sys.executable, "-m", "fleetspec", "gate", "--quiet", "--baseline", old.url, "--candidate",
+                            server.url, "--playbook", str(playbook(tmp_path)), "--api-key-env", "GATE_KEY"],
+                           capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "GATE_KEY": "s3cr3t"})
+    finally:
+        server.close()
+    out = json.loads(r.stdout)
+    assert r.returncode == 3 and out["reasons"][0].startswith(f"candidate not answering: {server.url}/health: the "
+                                                              f"answer runs past 16 MiB"), out
+    assert server.auth == ["Bearer s3cr3t"] and "s3cr3t" not in r.stdout + r.stderr
