@@ -175,3 +175,47 @@ def test_docs_job_manifest_is_valid_and_runs_fleetspec_gate():
         for word in args[1:]:
             if word.startswith("--"):
                 assert word in help_text, word
+
+
+LEADER_CMD = ("            command:\n              - python3\n              - -m\n              - sglang.launch_server\n"
+              "              - --model-path\n")
+LEADER_ENV = "            env:\n              - name: HF_TOKEN\n                value: $HF_TOKEN\n"
+LEADER_FLOW = ('            command: ["python3", "-m", "sglang.launch_server",\n                      "--model-path",\n'
+               '                      "meta-llama/Meta-Llama-3.1-8B-Instruct", "--tp", "2", "--dist-init-addr", '
+               '"$(LWS_LEADER_ADDRESS):20000", "--nnodes", "$(LWS_GROUP_SIZE)", "--node-rank", "$(LWS_WORKER_INDEX)", '
+               '"--trust-remote-code", "--host", "0.0.0.0", "--port", "40000"]\n')
+
+
+def leader_command(text: str) -> str:
+    """The leader's whole block-list command, as the published example writes it."""
+    start = text.index(LEADER_CMD)
+    return text[start:text.index('              - "40000"\n', start) + len('              - "40000"\n')]
+
+
+@pytest.mark.parametrize("layout", ["args", "flow", "no-env"])
+def test_other_layouts_of_the_same_container_are_patched_exactly(tmp_path, layout):
+    """The flags in `args` (the program in `command`), a flow-style command over several lines, a
+    container without `env`: each patched, validated, the rest kept."""
+    text = (CORPUS / "lws-sglang.yaml").read_text()
+    if layout == "args":
+        text = text.replace(LEADER_CMD, "            command:\n              - python3\n              - -m\n"
+                                        "              - sglang.launch_server\n            args:\n"
+                                        "              - --model-path\n", 1)
+    elif layout == "flow":
+        text = text.replace(leader_command(text), LEADER_FLOW, 1)
+    else:
+        text = text.replace(LEADER_ENV, "", 1)
+    path = tmp_path / "lws.yaml"
+    path.write_text(text)
+    r = render(path, *ARGS)
+    assert r.returncode == 0, r.stderr
+    ops = difflib.SequenceMatcher(a=text.splitlines(), b=r.stdout.splitlines(), autojunk=False).get_opcodes()
+    changed = [text.splitlines()[i1:i2] for op, i1, i2, _, _ in ops if op != "equal" and i1 < i2]
+    assert changed == ([LEADER_FLOW.splitlines()] if layout == "flow" else []), changed   # a flow list: whole
+    docs = list(yaml.safe_load_all(r.stdout))
+    validate(docs)
+    leader = docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    argv = leader["command"] + leader.get("args", [])
+    assert argv[:5] == ["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Meta-Llama-3.1-8B-Instruct"]
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DDTREE"
+    assert {e["name"] for e in leader["env"]} >= {"SGLANG_DDTREE_LOG", "PYTHONPATH"}
