@@ -219,3 +219,14 @@ def test_other_layouts_of_the_same_container_are_patched_exactly(tmp_path, layou
     assert argv[:5] == ["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Meta-Llama-3.1-8B-Instruct"]
     assert argv[argv.index("--speculative-algorithm") + 1] == "DDTREE"
     assert {e["name"] for e in leader["env"]} >= {"SGLANG_DDTREE_LOG", "PYTHONPATH"}
+
+
+def test_a_playbook_with_nothing_to_ship_changes_only_the_arguments():
+    """dflash has no patch set and no kernels: no --release-image, no volume, no PYTHONPATH."""
+    before = (CORPUS / "lws-sglang.yaml").read_text()
+    r = render(CORPUS / "lws-sglang.yaml", "--algo", "dflash", "--sglang", "0.5.23", "--var", "draft_model_path=/d")
+    assert r.returncode == 0, r.stderr
+    added = [ln for ln in difflib.ndiff(before.splitlines(), r.stdout.splitlines()) if ln[:2] in ("+ ", "- ")]
+    assert added == ["+               - --speculative-algorithm", "+               - DFLASH",
+                     "+               - --speculative-draft-model-path", "+               - /d"] * 2
+    validate(list(yaml.safe_load_all(r.stdout)))
