@@ -166,17 +166,23 @@ def _env(edit: Editor, node: yaml.MappingNode, ch: Change) -> None:
         edit.append_items(env, added)
 
 
+def _release_items(image: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The sglang container's mount, the initContainer that fills the emptyDir, and the emptyDir."""
+    return ({"name": VOLUME, "mountPath": MOUNT, "readOnly": True},
+            {"name": VOLUME, "image": image, "command": ["cp", "-a", "/release/.", MOUNT + "/"],
+             "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}]},
+            {"name": VOLUME, "emptyDir": {}})
+
+
 def _release(edit: Editor, spec: yaml.MappingNode, node: yaml.MappingNode, ch: Change) -> None:
     c = ch.container
     pod = c.pod
     if any(v.get("name") == VOLUME for v in pod.get("volumes") or []):
         raise UserError(f"{c.where}: the pod already has a volume named {VOLUME}")
-    mount = {"name": VOLUME, "mountPath": MOUNT, "readOnly": True}
-    init = {"name": VOLUME, "image": ch.release_image, "command": ["cp", "-a", "/release/.", MOUNT + "/"],
-            "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}]}
+    mount, init, volume = _release_items(str(ch.release_image))
     for parent, key, item, old in ((node, "volumeMounts", mount, c.data.get("volumeMounts") or []),
                                    (spec, "initContainers", init, pod.get("initContainers") or []),
-                                   (spec, "volumes", {"name": VOLUME, "emptyDir": {}}, pod.get("volumes") or [])):
+                                   (spec, "volumes", volume, pod.get("volumes") or [])):
         target = get(parent, key)
         if target is None:
             edit.add_key(parent, key, [item])
@@ -202,11 +208,10 @@ def expected(docs: list[Any], changes: list[Change]) -> list[Any]:
         if env or "env" in data:
             data["env"] = env
         if ch.release_image:
-            data.setdefault("volumeMounts", []).append({"name": VOLUME, "mountPath": MOUNT, "readOnly": True})
-            spec["initContainers"] = (spec.get("initContainers") or []) + [
-                {"name": VOLUME, "image": ch.release_image, "command": ["cp", "-a", "/release/.", MOUNT + "/"],
-                 "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}]}]
-            spec["volumes"] = (spec.get("volumes") or []) + [{"name": VOLUME, "emptyDir": {}}]
+            mount, init, volume = _release_items(ch.release_image)
+            data["volumeMounts"] = (data.get("volumeMounts") or []) + [mount]
+            spec["initContainers"] = (spec.get("initContainers") or []) + [init]
+            spec["volumes"] = (spec.get("volumes") or []) + [volume]
     return docs
 
 
