@@ -97,7 +97,8 @@ def test_text_output_names_each_part():
      "--no-such-flag"),
     ([], "give one source"),
     # on a 141 GiB GPU sglang sizes its graphs for 32 x 16 verify tokens: DDTree's 65 do not fit
-    (["--gpu-memory", "143771", "--", *profiles.CT200_ARGV], "requests beyond 7 would run without CUDA graphs"),
+    (["--gpu-memory", "143771", "--", *profiles.CT200_ARGV],
+     "holds 32 x 16 = 512 verify tokens; the new launch verifies 65 per request"),
 ])
 def test_refusals_are_preflights_one_line(args, message):
     r = render(*ARGS, *args)
