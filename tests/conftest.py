@@ -202,7 +202,7 @@ def seen():
     from fleetspec.remote import transport
 
     got = []
-    observer = lambda host, what, seconds, outcome: got.append(what)  # noqa: E731
+    observer = lambda host, what, seconds, outcome: got.append(what)
     transport.add_observer(observer)
     yield got
     transport.remove_observer(observer)

@@ -52,12 +52,12 @@ def load(text: str, fast: type = StrictLoader, pure: type = PureStrictLoader) ->
     """yaml.load with `fast`; a document it refuses is parsed again with `pure`, whose error (same
     mark, a clearer problem) is raised. Both must be SafeLoaders with the same constructors."""
     try:
-        return yaml.load(text, Loader=fast)  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=fast)  # a SafeLoader
     except yaml.YAMLError:
         if fast is pure:
             raise
         try:
-            yaml.load(text, Loader=pure)  # noqa: S506 - a SafeLoader
+            yaml.load(text, Loader=pure)  # a SafeLoader
         except yaml.YAMLError as clearer:
             raise clearer from None
         raise

@@ -75,7 +75,7 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
         return deploy(connect(host), req, echo=echo, progress=progress, on_start=started.append)
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
-    except Exception as err:  # noqa: BLE001 - one host's surprise must not end the fleet (nor its abort policy)
+    except Exception as err:  # one host's surprise must not end the fleet (nor its abort policy)
         return _internal_outcome(host, err, echo, switched=bool(started) and started[0].switched)
 
 

@@ -23,7 +23,8 @@ from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import Smoke
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote.lock import Holder, LockLost, RemoteLock, force_unlock, is_held, read_holder, record_path
+from fleetspec.remote.lock import LockLost, RemoteLock, force_unlock, is_held
+from fleetspec.remote.lock_holder import Holder, read_holder, record_path
 from fleetspec.remote.transport import Transport
 
 A, B = "controller-aaaaaaaa", "controller-bbbbbbbb"
@@ -252,7 +253,7 @@ def test_a_steps_ok_line_travels_with_the_next_line_in_one_command_in_order(t, t
     state = _state(t, tmp_path)
     state.mirror = tmp_path / "mirror"
     seen = []
-    observer = lambda host, what, seconds, outcome: seen.append(what)  # noqa: E731
+    observer = lambda host, what, seconds, outcome: seen.append(what)
     transport.add_observer(observer)
     try:
         state.record(L.Entry.step("R1", "stage", "started"))

@@ -599,7 +599,8 @@ def test_a_live_holder_with_a_copied_controller_id_is_never_ended(t, tmp_path, m
 
     from fleetspec.errors import UserError
     from fleetspec.identity import ENV, machine_boot
-    from fleetspec.remote.lock import Holder, RemoteLock, busy, is_held, read_holder
+    from fleetspec.remote.lock import RemoteLock, busy, is_held
+    from fleetspec.remote.lock_holder import Holder, read_holder
 
     monkeypatch.setenv(ENV, "controller-copied-id")
     boot = "0123456789abcdef" if where.startswith("a clone") else machine_boot()

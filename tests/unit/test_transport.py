@@ -214,7 +214,7 @@ def test_parallel_commands_share_one_connection(transport, sshd, caplog):
         def work(i):
             try:
                 results.append(transport.run(["echo", str(i)], timeout=20).stdout.strip())
-            except Exception as err:  # noqa: BLE001 - reported below with the server's log
+            except Exception as err:  # reported below with the server's log
                 errors.append(repr(err))
 
         threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
@@ -252,7 +252,7 @@ def test_a_connection_that_dies_under_parallel_commands_fails_each_of_them(tmp_p
             outcomes.append(("result", r.rc, r.stdout))
         except RemoteError as err:
             outcomes.append(("lost", str(err)))
-        except Exception as err:  # noqa: BLE001 - the test reports what leaked
+        except Exception as err:  # the test reports what leaked
             outcomes.append(("leaked", repr(err)))
 
     try:
