@@ -87,7 +87,7 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             journal = systemd.journal_tail(t, host.vars.service, 10)
             raise NeedsAttention(f"{host.name}: rolled back to {target} but it is not healthy: {result.reason}; "
                                  f"journal: {' | '.join(journal[-3:])}",
-                                 f"ssh {host.address} journalctl -u {host.vars.service} -n 50")
+                                 systemd.on_host_command(host.address, systemd.journal_command(host.vars.service)))
         if target == BASELINE:
             verify_baseline(t, state, baseline, host.name)
         for rid in interrupted:
