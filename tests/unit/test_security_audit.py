@@ -601,6 +601,7 @@ def test_a_live_holder_with_a_copied_controller_id_is_never_ended(t, tmp_path, m
     from fleetspec.identity import ENV, machine_boot
     from fleetspec.remote.lock import RemoteLock, busy, is_held
     from fleetspec.remote.lock_holder import Holder, read_holder
+    from tests.unit.test_lock import backdate_heartbeat, until_beat
 
     monkeypatch.setenv(ENV, "controller-copied-id")
     boot = "0123456789abcdef" if where.startswith("a clone") else machine_boot()
@@ -609,7 +610,7 @@ def test_a_live_holder_with_a_copied_controller_id_is_never_ended(t, tmp_path, m
                     controller="controller-copied-id", token=secrets.token_hex(16), boot=boot)
     live = RemoteLock(t, lock, release="r-live", holder=holder).__enter__()     # beats: its session is alive
     try:
-        _time.sleep(0.5)
+        until_beat(lock, holder, backdate_heartbeat(lock, holder))              # a heartbeat has come
         assert isinstance(busy(t, lock), UserError)
         with pytest.raises(UserError, match=r"is held by ops .*fleetspec unlock h --force"):
             RemoteLock(t, lock, release="r-second").__enter__()
