@@ -144,7 +144,7 @@ def test_http_through_tunnel(transport):
         server.shutdown()
         server.server_close()
     with pytest.raises(RemoteError, match="connection refused"):
-        transport.http("GET", port, "/health", timeout=3)
+        transport.http("GET", port, "/health", timeout=30)
 
 
 def test_unknown_host_key_refused_then_accepted(tmp_path, inventory_writer, sshd, ssh_client_key):
