@@ -154,6 +154,11 @@ class Fields:
             self.fail(name, "missing; expected a mapping")
         return Fields(self.data.get(name), self.path, self.key(name))
 
+    def optional_sub(self, name: str) -> "Fields | None":
+        """The mapping at `name`, or None where the key is absent or null (an optional section)."""
+        self._read.add(name)
+        return None if self.data.get(name) is None else Fields(self.data[name], self.path, self.key(name))
+
     def str_list(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
         value = self.get(name, list, None)
         if value is None:
