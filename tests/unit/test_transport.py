@@ -82,14 +82,20 @@ def test_put_is_atomic_for_a_concurrent_reader(transport, tmp_path):
     assert seen <= {b"A\x01", b"B\x01"}
 
 
-def test_command_timeout(transport, tmp_path):
-    """The timeout ends the wait while the command still runs: it marks its own end, and that mark
-    is not there when the error comes (no bound on the seconds, which a loaded machine stretches)."""
+def test_command_timeout(tmp_path, inventory_writer, sshd, ssh_client_key):
+    """The timeout ends the wait while the command still runs: the command runs as long as its
+    connection and marks its own end, and that mark is not there when the error comes (no bound
+    on the seconds, which a loaded machine stretches). Its own connection: the command outlives
+    the error, so the module's shared one would carry it into the next tests."""
+    t = Transport(host_for(tmp_path, inventory_writer, sshd, ssh_client_key))
     done = tmp_path / "done"
-    with pytest.raises(RemoteError, match="timed out after 0.5s"):
-        transport.run(["sh", "-c", f"sleep 120; touch {done}"], timeout=0.5)
-    assert not done.exists()
-    assert transport.run(["true"], timeout=20).ok  # the connection survives
+    try:
+        with pytest.raises(RemoteError, match="timed out after 0.5s"):
+            t.run(["sh", "-c", f"while kill -0 $PPID 2>/dev/null; do sleep 0.05; done; touch {done}"], timeout=0.5)
+        assert not done.exists()
+        assert t.run(["true"], timeout=20).ok  # the connection survives
+    finally:
+        t.close()
 
 
 def test_a_command_that_closed_its_output_is_awaited_without_spinning(transport, monkeypatch):
