@@ -126,7 +126,8 @@ def vs_ansible(doc: dict, path: Path) -> None:
     right.set_xlim(0, max(over) * 1.45)
     right.set_xlabel(f"seconds beyond the engine's load ({load:.2f} s)")
     right.set_title("A deploy's overhead beyond the engine", fontsize=10)
-    fig.suptitle("fleetspec beside an idiomatic Ansible playbook, one host (ct129)", fontsize=11)
+    fig.suptitle("fleetspec beside an idiomatic Ansible playbook, one host (ct129); "
+                 "the playbook runs no smoke tests or gates", fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     _footer(fig, doc["meta"])
     _save(fig, path)
@@ -157,7 +158,7 @@ def fleet_size(doc: dict, path: Path) -> None:
     p, q = scaling.fit([(r["n"], r["deploy_client_cpu_s"]) for r in rows])
     right.plot(ns, [r["client_cpu_per_host_s"] for r in rows], "o", color=OWN, label="controller CPU per host-deploy")
     right.plot(ns, [(p + q * n) / n for n in ns], "-", color=OWN, alpha=0.5,
-               label=f"from the fit CPU(N) = {p:.2f} + {q:.3f}·N s")
+               label=f"per host, CPU(N)/N, from the fit CPU(N) = {p:.2f} + {q:.3f}·N s")
     right.set_xscale("log", base=2)
     right.set_xticks(ns, [str(n) for n in ns])
     right.set_ylim(0, max(r["client_cpu_per_host_s"] for r in rows) * 1.25)

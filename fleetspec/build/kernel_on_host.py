@@ -73,7 +73,7 @@ def build_on_host(t, host, source: Path | str, cache: Path = K.KERNEL_CACHE, *, 
     """Build `source` on `host` (transport `t`) and record it in `cache`; (kernel, built_now)."""
     spec = K.load_spec(source)
     python = host.vars.python
-    found = facts.gather_many(t, [(torch_fact, {"python": python}), (gpu_fact, {})], errors="return")
+    found = facts.gather_many(t, [(torch_fact, {"python": python, "keep": True}), (gpu_fact, {})], errors="return")
     tv, gpus = found
     if isinstance(tv, Exception) or not tv.installed:
         why = tv if isinstance(tv, Exception) else (tv.error or "not importable")

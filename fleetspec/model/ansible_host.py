@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fleetspec import secrets
 from fleetspec.errors import ConfigError, UserError
 
-SECRET_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_become_password", "ansible_become_pass",
-               "ansible_ssh_private_key_passphrase")
+SECRET_KEYS = secrets.ANSIBLE_KEYS
 FLEETSPEC_VARS = ("python", "service", "api_port", "model_path", "draft_model_path", "gpu_count", "tags", "extra")
 CONNECTION = ("known_hosts", "host_key_policy", "connect_timeout", "command_timeout", "jump", "ssh_key", "user", "port")
 

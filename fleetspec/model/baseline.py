@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Collection, Mapping
 
+from fleetspec import secrets
 from fleetspec.model import hostjson
 
-REDACTED = "<redacted>"
-SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
+REDACTED = secrets.PLACEHOLDER
 
 
 def sha256(data: bytes) -> str:
@@ -99,8 +99,7 @@ def is_secret(name: str, value: str | None = None, secret_names: Collection[str]
     """A variable whose value is never shown: named in a secret list (the playbook's
     launch.secret_env, the inventory's api_key), named like one (*TOKEN*, *KEY*, *SECRET*,
     *PASSWORD* …), or holding a value fleetspec knows to be secret."""
-    upper = name.upper()
-    return (name in secret_names or any(part in upper for part in SECRET_PARTS)
+    return (name in secret_names or secrets.is_secret_name(name)
             or (value is not None and value != "" and any(secret and secret in value for secret in secret_values)))
 
 

@@ -106,13 +106,21 @@ def parse_compose(text: str, service: str | None = None) -> ComposeService:
         try:
             found.append(_service(name, spec, nodes[name]))
         except LaunchRefused as err:
-            errors.append(err)
+            errors.append((_mentions_sglang(spec), err))
     if len(found) == 1:
         return found[0]
     if not found:
-        raise errors[0]
+        # The sglang service's own problem, not a downloader's or a router's listed before it.
+        raise next((err for sglang, err in errors if sglang), errors[0][1])
     raise LaunchRefused("a compose file with several sglang services", ", ".join(s.name for s in found),
                         "name the service")
+
+
+def _mentions_sglang(spec: Any) -> bool:
+    """Whether a service looks like the engine's: sglang in its image, entrypoint or command."""
+    if not isinstance(spec, dict):
+        return False
+    return any("sglang" in str(spec.get(key) or "").lower() for key in ("image", "entrypoint", "command"))
 
 
 def _service(name: str, spec: Any, node: yaml.MappingNode) -> ComposeService:
@@ -146,9 +154,15 @@ def derive_compose(text: str, svc: ComposeService, table: launch.OptionTable, fl
     new_command = derived.argv[skip:]
     start, end = svc.command_span
     flow = "[" + ", ".join(json.dumps(w.replace("$", "$$")) for w in new_command) + "]"
-    out = text[:start] + flow + text[end:]
-    before, after = load_yaml(text), load_yaml(out)
-    again = parse_compose(out, svc.name)
+    old = text[start:end]
+    # A block list's span runs on to the next key's indentation: that line break and indentation stay.
+    out = text[:start] + flow + old[len(old.rstrip()):] + text[end:]
+    try:
+        before, after = load_yaml(text), load_yaml(out)
+        again = parse_compose(out, svc.name)
+    except yaml.YAMLError:
+        raise LaunchRefused("a compose file fleetspec cannot rewrite exactly", "the rewritten file does not "
+                            "parse back", ADVICE) from None
     before["services"][svc.name].pop("command")
     after["services"][svc.name].pop("command")
     if list(again.command or ()) != new_command or before != after:

@@ -77,6 +77,48 @@ class ContainerRun:
     def label(self) -> str:
         return f"{self.runtime} run {self.image} ({self.engine.label})"
 
+    def env(self) -> dict[str, str | None]:
+        """The engine's `-e`/`--env` variables as written: NAME -> value (None: `-e NAME`, passed
+        through from the runtime client's own environment, which is the unit's)."""
+        out: dict[str, str | None] = {}
+        for value in self.option("-e", "--env"):
+            if value is not None:
+                name, eq, rest = value.partition("=")
+                out[name] = rest if eq else None
+        return out
+
+    def flags_given(self, *names: str) -> list[str]:
+        """Which of the flag options `names` (long or short, also inside a short cluster such as
+        `-dit`) the operator wrote, as written."""
+        return [o.tokens[0] for o in self.options
+                if o.name in names or _short_cluster_of(o, frozenset(n for n in names if not n.startswith("--")))]
+
+
+# `-d`: the runtime client exits once the container started, so systemd supervises a process that is
+# gone: a crash of the engine never fails the unit, and a restart races the old container.
+DETACH = ("-d", "--detach")
+# `-t`: a pseudo-terminal for the engine; harmless under systemd (the output still reaches the journal).
+TTY = ("-t", "--tty")
+
+
+def supervision_problem(run: ContainerRun) -> str | None:
+    """A runtime option under which systemd would not supervise the engine (pure), or None."""
+    given = run.flags_given(*DETACH)
+    if given:
+        return (f"`{run.runtime} run {given[0]}` detaches the container: the runtime client exits at once, so "
+                f"systemd never sees the engine (a crash would not fail the unit, probes and rollback could not "
+                f"tell); drop {given[0]} from the ExecStart (systemd keeps the container in the foreground)")
+    return None
+
+
+def handling_notes(run: ContainerRun) -> list[str]:
+    """What a deploy keeps as written that an operator may wonder about (pure): for the plan."""
+    given = run.flags_given(*TTY)
+    if given:
+        return [f"runtime option {given[0]} kept as written: the engine gets a pseudo-terminal, its output "
+                f"still reaches the journal"]
+    return []
+
 
 def split_options(argv: Sequence[str], i: int, table: dict[str, bool], what: str) -> tuple[list[RuntimeOption], int]:
     """pflag's parse from argv[i] to the first word that is not an option; (options, its index)."""
@@ -223,13 +265,45 @@ def host_argv(run: ContainerRun, engine_argv: Sequence[str]) -> list[str]:
 RELEASE_LABEL = "fleetspec.release"
 
 
-def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: str, root: str,
-                 env: dict[str, str]) -> list[str]:
+def release_mount(release_dir: str) -> list[str]:
+    """The one folder of fleetspec's state a container sees: this release's, read-only, at the same
+    path (its overlay's links point into the image's site-packages, which the image holds at the
+    host's path). Never the state root: the engine runs as root in the container, and every other
+    service's baseline, each release's secrets/env and the run folder would be readable there."""
+    return ["-v", f"{release_dir}:{release_dir}:ro"]
+
+
+def without_env(run: ContainerRun, names: Sequence[str]) -> list[str]:
+    """argv up to the image with the `-e NAME[=…]` options of `names` left out (pure): how a release
+    drops the baseline's speculation-only variables, as a bare unit's drop-in unsets them. A name
+    given inside a short cluster (`-ie A=1`) cannot be cut out word by word and is refused."""
+    drop = set(names)
+    if not drop:
+        return list(run.argv[:run.image_at])
+    start = run.image_at - sum(len(o.tokens) for o in run.options)
+    if [w for o in run.options for w in o.tokens] != list(run.argv[start:run.image_at]):
+        raise LaunchRefused(f"`{run.runtime} run` whose options fleetspec cannot split", "it would not drop "
+                            f"{sorted(drop)[0]} exactly", "fix the ExecStart first")
+    kept: list[str] = []
+    for o in run.options:
+        cluster = o.name[:1] == "-" and o.name[1:2] != "-" and len(o.name) > 2 and o.name[-1] == "e"
+        if o.value is not None and o.value.partition("=")[0] in drop and (o.name in ("-e", "--env") or cluster):
+            if cluster:
+                raise LaunchRefused(f"`{run.runtime} run {o.tokens[0]}`", f"{o.value.partition('=')[0]} sits in a "
+                                    "cluster of short options", "write it as its own `-e NAME=VALUE`")
+            continue
+        kept.extend(o.tokens)
+    return [*run.argv[:start], *kept]
+
+
+def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: str, release_dir: str,
+                 env: dict[str, str], drop_env: Sequence[str] = ()) -> list[str]:
     """The host argv that runs a release: every word the operator wrote up to the image kept in
     place, then, just before the image, `--pull=never` (a deploy or rollback never fetches an image),
-    the release id as a label, fleetspec's root bind-mounted read-only at the same path (so the
-    `current` link and the overlay's links resolve inside as outside) and fleetspec's environment
-    (PYTHONPATH first on the import path); then the derived engine command."""
+    the release id as a label, the release folder bind-mounted read-only (release_mount; `env`
+    names paths inside it, not the `current` link, which is not mounted) and fleetspec's environment
+    (PYTHONPATH first on the import path); then the derived engine command. `drop_env`: the
+    baseline's speculation-only `-e` variables the new algorithm must not see (without_env)."""
     written = {str(v).split("=", 1)[0] for v in run.option("-e", "--env") if v is not None}
     clash = sorted(written & set(env))
     if clash:
@@ -237,10 +311,10 @@ def with_release(run: ContainerRun, engine_argv: Sequence[str], *, release_id: s
                             "and would hide the operator's value", "move it into the image or the unit's "
                             "environment (`-e NAME` without a value passes it through)")
     tail = host_argv(run, engine_argv)[run.image_at:]
-    added = ["--pull=never", "--label", f"{RELEASE_LABEL}={release_id}", "-v", f"{root}:{root}:ro"]
+    added = ["--pull=never", "--label", f"{RELEASE_LABEL}={release_id}", *release_mount(release_dir)]
     for name, value in env.items():
         added += ["-e", f"{name}={value}"]
-    return [*run.argv[:run.image_at], *added, *tail]
+    return [*without_env(run, drop_env), *added, *tail]
 
 
 # Options a second, short-lived container of the same unit must not repeat: a fixed name, a

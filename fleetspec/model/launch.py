@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Sequence
 
+from packaging.version import InvalidVersion, Version
+
 from fleetspec.errors import UserError
 from fleetspec.model.option_table import DUMP_SCRIPT, TABLES, OptionTable, known_versions, load_table, parse_dump
 
 __all__ = ["ALGO_DEST", "DUMP_SCRIPT", "LAUNCH_SERVER", "SERVE", "SPEC_DEST_PREFIX", "TABLES", "Derived", "Item",
            "LaunchForm", "LaunchRefused", "OptionTable", "classify", "derive", "known_versions",
-           "load_table", "parse_dump", "parsed_args", "serve_positional", "speculative_env", "split_items"]
+           "load_table", "parse_dump", "parsed_args", "serve_positional", "sglang_version", "speculative_env",
+           "split_items"]
 
 SPEC_DEST_PREFIX = "speculative_"
 ALGO_DEST = "speculative_algorithm"
@@ -95,7 +98,8 @@ def split_items(args: Sequence[str], table: OptionTable, *, form: str = LAUNCH_S
             value = token.split("=", 1)[1] if "=" in token else (args[i + 1] if i + 1 < len(args) else None)
             if value not in ("auto", "llm"):
                 raise LaunchRefused("`sglang serve --model-type " + str(value) + "`",
-                                    "only the LLM server runs speculative decoding", PLAIN)
+                                    "only the LLM server runs speculative decoding",
+                                    "leave this service out of the deploy: it serves no LLM to speculate for")
             n = 1 if "=" in token else 2
             items.append(Item(tuple(args[i:i + n]), None, "--model-type"))
             i += n
@@ -190,16 +194,19 @@ class LaunchForm:
 
 def serve_positional(version: str) -> bool:
     """`sglang serve MODEL` (a positional model path) is understood from 0.5.23 on; 0.5.13.post1's
-    serve passes the word to the parser, which refuses it."""
-    return _version_key(version) >= _version_key("0.5.23")
+    serve passes the word to the parser, which refuses it. A pre-release (0.5.23rc1) is before
+    0.5.23, as PEP 440 orders them."""
+    v = sglang_version(version)
+    return v is not None and v >= Version("0.5.23")
 
 
-def _version_key(version: str) -> tuple[tuple[int, str], ...]:
-    parts = []
-    for piece in re.split(r"[.+]", version):
-        m = re.match(r"^(\d+)(.*)$", piece)
-        parts.append((int(m.group(1)), m.group(2)) if m else (-1, piece))
-    return tuple(parts)
+def sglang_version(text: str | None) -> Version | None:
+    """A version string as PEP 440 reads it (packaging, what pip compares with); None when it is
+    no version (then neither newer nor older than any)."""
+    try:
+        return Version(text or "")
+    except InvalidVersion:
+        return None
 
 
 def classify(argv: Sequence[str], *, path: str | None = None, prefix: str = "") -> LaunchForm:

@@ -54,7 +54,7 @@ class Launch:
     carry: tuple[str, ...] = DEFAULT_CARRY
     drop: tuple[str, ...] = ()
     env_keep: tuple[str, ...] = ()
-    cuda_graph: str = "keep"      # keep | rescale | refuse: fleetspec.model.graphsize
+    cuda_graph: str | None = None   # keep | rescale | refuse, None when not set: fleetspec.model.graphsize
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def _launch(f: Fields) -> Launch:
     carry = f.str_list("carry", DEFAULT_CARRY)
     drop = f.str_list("drop")
     env_keep = f.str_list("env_keep")
-    cuda_graph = f.choice("cuda_graph", ("keep", "rescale", "refuse"), "keep")
+    cuda_graph = f.choice("cuda_graph", ("keep", "rescale", "refuse"), None)
     for key, names in (("carry", carry), ("drop", drop)):
         for i, name in enumerate(names):
             if not (name.startswith("--") or name.replace("_", "a").isalnum()):

@@ -97,10 +97,12 @@ def _sets(argv, flag: str) -> bool:
 
 
 def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags, playbook: Playbook,
-                version: str, environment: Mapping[str, str], where: str, gpu_mem: float | None = None) -> LaunchPlan:
+                version: str, environment: Mapping[str, str], where: str, gpu_mem: float | None = None,
+                env_where: str | None = None) -> LaunchPlan:
     """Split the baseline with the real parser's table, derive the new argv, and decide the
     speculation-only environment. Refusals name the host and service (exit 2). `gpu_mem`: the
-    smallest GPU's memory in MiB (graph sizing), None without GPU facts."""
+    smallest GPU's memory in MiB (graph sizing), None without GPU facts. `env_where`: where the
+    engine's environment is written when not in the unit (a container's `-e`), for the notes."""
     metrics = playbook.bake is not None and not _sets(form.args, "--enable-metrics") and not _sets(
         flags.argv, "--enable-metrics")
     try:
@@ -129,7 +131,8 @@ def plan_launch(form: launch.LaunchForm, table: launch.OptionTable, flags: Flags
     if derived.carried:
         notes.append("speculative options carried over: " + " ".join(" ".join(i) for i in derived.carried))
     if dropped:
-        notes.append("speculation-only environment unset: " + ", ".join(dropped))
+        notes.append(f"speculation-only environment {'dropped from ' + env_where if env_where else 'unset'}: "
+                     + ", ".join(dropped))
     if kept:
         notes.append("speculation-only environment kept: " + ", ".join(kept))
     if simulated:

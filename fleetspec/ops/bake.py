@@ -1,6 +1,8 @@
 """The bake's judge (pure): the release's figures against the baseline's, taken before the switch.
 
-Inconclusive (too few requests, a figure missing) fails closed, as a gate does (Argo Rollouts)."""
+Inconclusive (too few requests, a figure missing) fails closed, as a gate does (Argo Rollouts).
+A figure the engine exported as NaN or ±Inf is missing (`Figures.missing`), on either side:
+every comparison with NaN is false, so it would otherwise pass whatever the release did."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ class Verdict:
 
 def judge(spec: BakeSpec, baseline: Figures, release: Figures) -> Verdict:
     fails: list[str] = []
-    unknown: list[str] = []
+    unknown: list[str] = [f"the {side}'s {what}" for side, figs in (("baseline", baseline), ("release", release))
+                          for what in figs.missing]
     if release.requests + release.aborted < spec.min_requests:
         unknown.append(f"{release.requests + release.aborted:.0f} requests seen, "
                        f"fewer than min_requests {spec.min_requests}")

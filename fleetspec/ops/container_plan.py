@@ -13,6 +13,7 @@ them back if they changed (docs/guide/containers.md).
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from fleetspec import systemd_unit, unit_context
@@ -50,8 +51,12 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
     if req.playbook.launch.secret_env:
         raise UserError(f"{where}: launch.secret_env of {req.playbook.path.name} is not passed into a container "
                         "yet (its EnvironmentFile= would reach the runtime, not the engine)")
+    problem = container_launch.supervision_problem(run)
+    if problem:
+        raise UserError(f"{where}: {problem}")
     try:
-        container_launch.with_release(run, run.engine.argv, release_id="check", root="/", env={"PYTHONPATH": ""})
+        container_launch.with_release(run, run.engine.argv, release_id="check", release_dir="/check",
+                                       env={"PYTHONPATH": ""})
         container_launch.smoke_argv(run, [], [])
     except launch.LaunchRefused as err:
         raise UserError(f"{where}: {err}") from None
@@ -68,13 +73,19 @@ def deployable(t: TransportLike, req: DeployRequest, service: str, run: Containe
     return container_facts(where, run, got)
 
 
-def check_image_python(t: TransportLike, where: str, run: ContainerRun, sglang, torch, patchset=None) -> ImagePython:
+def check_image_python(t: TransportLike, where: str, run: ContainerRun, sglang, torch, patchset=None,
+                       model_paths: dict[str, str] | None = None) -> ImagePython:
     """The image's engine python has the sglang (version and place) and torch that preflight read
     on the host with vars.python, and the patch set's base files as its wheel has them, or a
     one-line refusal (exit 2, nothing touched): the release is built for those, its kernels for
-    that torch, and it runs over the image's files, not the host's."""
+    that torch, and it runs over the image's files, not the host's. `model_paths` ({inventory key:
+    path}) must be there inside the container too (under its mounts or in the image): a draft model
+    found on the host but not mounted would fail the engine at start."""
     paths = tuple(f.path for f in patchset.files) if patchset is not None else ()
-    argv = container_launch.smoke_argv(run, ["--pull=never"], ["-c", image_python.SNIPPET])
+    check = {k: p for k, p in (model_paths or {}).items() if p.startswith("/")}
+    release = ["--pull=never", *(["-e", f"{image_python.CHECK_PATHS}={json.dumps(sorted(set(check.values())))}"]
+                                 if check else [])]
+    argv = container_launch.smoke_argv(run, release, ["-c", image_python.SNIPPET])
     try:
         inside: ImagePython = facts.gather(t, image_python, timeout=120, argv=tuple(argv), hash_paths=paths)
     except facts.FactError as err:
@@ -86,7 +97,19 @@ def check_image_python(t: TransportLike, where: str, run: ContainerRun, sglang, 
     problem = image_base_problem(run.image, inside, patchset)
     if problem:
         raise UserError(f"{where}: {problem}")
+    problem = model_paths_problem(run.image, check, inside)
+    if problem:
+        raise UserError(f"{where}: {problem}")
     return inside
+
+
+def model_paths_problem(image: str, check: dict[str, str], inside: ImagePython) -> str | None:
+    """The first model path the new launch names that the container does not have (pure)."""
+    for key, path in check.items():
+        if path in inside.missing:
+            return (f"{key} {path} is not inside the container (under none of its mounts, not in the image "
+                    f"{image}), where the engine will open it; mount it in the unit first (`-v {path}:{path}:ro`)")
+    return None
 
 
 def image_base_problem(image: str, inside: ImagePython, patchset) -> str | None:

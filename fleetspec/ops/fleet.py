@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fleetspec.errors import FleetspecError, UserError
+from fleetspec.errors import FleetspecError, NeedsAttention, UserError
 from fleetspec.ops.deploy import Deploy, DeployOutcome, DeployRequest, deploy
 from fleetspec.ops.outcome import Outcome, StepFailed
 
@@ -210,11 +210,12 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
 
 
 def _check_routers(batches, strategy: Strategy, seats: dict, plan_only: bool) -> dict:
-    """min_serving, for every batch, before anything changes (a refusal is one line, exit 2)."""
+    """min_serving, for every batch and the worst hosts of it that can be out at once, before
+    anything changes (a refusal is one line, exit 2); each drain checks again."""
     if seats and not plan_only:
         from fleetspec.ops.drain import check_batches
 
-        check_batches([b[: strategy.parallel or len(b)] for b in batches], seats)
+        check_batches(batches, seats, parallel=strategy.parallel)
     return seats
 
 
@@ -241,6 +242,9 @@ def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progres
             o.reason = f"rolled back to {back or BASELINE}: the rollout was aborted"
         except FleetspecError as err:
             o.status, o.reason, o.exit_code = "needs_attention", f"abort rollback failed: {err}", 3
+        except Exception as err:  # noqa: BLE001 - one host's surprise must not stop the others' rollback
+            o.status, o.exit_code = "needs_attention", 3
+            o.reason = f"abort rollback failed: internal error: {type(err).__name__}: {str(err)[:300]}"
 
 
 def rollback_fleet(hosts, to: str | None, *, connect: Connect, root: Path, echo=print, progress=lambda _: None,
@@ -262,4 +266,10 @@ def rollback_fleet(hosts, to: str | None, *, connect: Connect, root: Path, echo=
             code = max(code, err.exit_code)
             rows.append({"host": host.name, "status": "error", "reason": str(err), "exit_code": err.exit_code})
             on_error(err)
+        except Exception as err:  # noqa: BLE001 - one host's surprise is its row; the next hosts still go
+            wrapped = NeedsAttention(f"{host.name}: internal error: {type(err).__name__}: {str(err)[:300]}",
+                                     f"fleetspec status {host.name}")
+            code = max(code, wrapped.exit_code)
+            rows.append({"host": host.name, "status": "error", "reason": str(wrapped), "exit_code": wrapped.exit_code})
+            on_error(wrapped)
     return rows, code

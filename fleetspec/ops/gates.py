@@ -7,14 +7,14 @@ returns pass, fail or inconclusive. Inconclusive (no data, errors, too few sampl
 unless the gate is `dry_run`, which records and never blocks.
 
 Every answer counts: a `/generate` that failed or came back malformed (no `output_ids` list of
-token ids, one whose length is not the answer's own completion count, a non-numeric accept length,
-no completion count) is an error, never a skipped prompt
-or an empty output, and any error makes acceptance and parity inconclusive; parity compares
+token ids, one whose length is not the answer's own completion count, an accept length that is not
+a finite number >= 0, no completion count) is an error, never a skipped prompt or an empty output, and any error makes acceptance and parity inconclusive; parity compares
 whole id lists, lengths included.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -90,7 +90,7 @@ def check_answer(data) -> None:
     """ValueError unless a /generate answer has what the gates read: `output_ids` (a list of token
     ids, as many as `meta_info.completion_tokens` says: two empty lists would otherwise compare
     equal for texts that differ), a `meta_info` object whose `completion_tokens` is a count and
-    whose `spec_accept_length`, where present, is a number."""
+    whose `spec_accept_length`, where present, is a finite number >= 0."""
     if not isinstance(data, dict):
         raise ValueError("malformed answer: not a JSON object")
     ids = data.get("output_ids")
@@ -106,8 +106,9 @@ def check_answer(data) -> None:
                          f"{meta['completion_tokens']}")
     accept = meta.get("spec_accept_length")
     if accept is not None and (not isinstance(accept, (int, float)) or isinstance(accept, bool)
-                               or accept != accept):
-        raise ValueError("malformed answer: meta_info.spec_accept_length is not a number")
+                               or not math.isfinite(accept) or accept < 0):
+        # JSON's NaN and Infinity parse as floats: a mean with one of them passes any floor
+        raise ValueError("malformed answer: meta_info.spec_accept_length is not a finite number >= 0")
 
 
 def measure(t, port: int, *, prompts=GOLDEN_PROMPTS, max_new_tokens: int = 32, concurrency=(), requests: int = 16,

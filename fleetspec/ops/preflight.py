@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from fleetspec import systemd_unit
 from fleetspec.errors import UserError
+from fleetspec.model import container_launch
 from fleetspec.model import ledger as L
 from fleetspec.model.container_launch import ContainerRun
 from fleetspec.model.inventory import Host
@@ -51,6 +51,7 @@ from fleetspec.remote import facts
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts import FactError, file_text, missing_paths
 from fleetspec.remote.facts import disk as disk_fact
+from fleetspec.remote.facts import env_files as env_files_fact
 from fleetspec.remote.facts import gpu as gpu_fact
 from fleetspec.remote.facts import gpu_health as gpu_health_fact
 from fleetspec.remote.facts import model_config as model_fact
@@ -59,6 +60,7 @@ from fleetspec.remote.facts import systemd as systemd_fact
 from fleetspec.remote.facts import torch as torch_fact
 from fleetspec.remote.facts import unit_age as unit_age_fact
 from fleetspec.remote.facts import unit_files as unit_files_fact
+from fleetspec.remote.facts.execenv import HostEnv
 from fleetspec.remote.facts.gpu_health import GpuHealth
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.option_table import option_table
@@ -75,7 +77,7 @@ def run(t: TransportLike, req: DeployRequest, echo: Callable[[str], None] = prin
     check_secret_env(host, playbook)           # before the host is even contacted
     t.check_access()                           # become: sudo that cannot act as root: one line, exit 2
     loaded = preload_patchsets(playbook)
-    got = gather_host(t, host, candidate_paths(loaded))
+    got = gather_host(t, host, candidate_paths(loaded), keep=not req.plan_only)
     svc = read_service(t, host, playbook, req.root, got)
     for k in ("sglang", "torch"):             # the host's python is one others could change: refused, said why
         if isinstance(got[k], FactError) and "runs as root, but" in str(got[k]):
@@ -133,11 +135,14 @@ def _check_container(t: TransportLike, host: Host, svc: "ServiceRead", run: Cont
     runtime, image, the options kept and the image's sglang files against RECORD."""
     if run is None or container is None:
         return []
-    inside = container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv, patchset)
+    paths = {"vars.model_path": host.vars.model_path, "vars.draft_model_path": host.vars.draft_model_path}
+    inside = container_plan.check_image_python(t, f"{host.name}: {svc.service}", run, sg, tv, patchset,
+                                               {k: v for k, v in paths.items() if v})
     return [f"{host.name}: container: {run.runtime} run {run.image} (image {container['image_id'][:12]}, "
             f"digest {container['digest'] or 'none'}; {container['version']}); runtime options kept byte "
             f"for byte: {' '.join(o.name for o in run.options) or '-'}",
-            f"{host.name}: container: {container_plan.image_files_note(inside)}"]
+            f"{host.name}: container: {container_plan.image_files_note(inside)}",
+            *(f"{host.name}: container: {note}" for note in container_launch.handling_notes(run))]
 
 
 @dataclass
@@ -152,28 +157,31 @@ class ServiceRead:
     form: LaunchForm | ContainerRun
     overriding: list[str]
     notes: list[str] = field(default_factory=list)
+    env: HostEnv | None = None       # what the process's environment comes from (EnvironmentFile=, manager)
 
 
-def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = ()) -> dict:
+def gather_host(t: TransportLike, host: Host, hash_paths: tuple[str, ...] = (), keep: bool = False) -> dict:
     """Every fact preflight reads, in one round trip (status's batching, facts.gather_many); a
     failed fact is its FactError, raised or read as None where the check that needs it runs.
     The model's config is read at the inventory's model_path; read_service's ExecStart may name
     another, read again then. `hash_paths`: every patch-set path the playbook could need, hashed
-    by the sglang fact (the version that picks the patch set is not known before the batch)."""
+    by the sglang fact (the version that picks the patch set is not known before the batch).
+    `keep`: the facts may keep their caches on the host (a deploy); --plan writes nothing there."""
     service, python = host.vars.service, host.vars.python
     layout = HostLayout(service)
     return facts.gather_many(t, {
         "unit": (systemd_fact, {"service": service}),
         "files": (unit_files_fact, {"service": service}),
         "ledger": (file_text, {"path": str(layout.ledger)}),
-        "sglang": (sglang_fact, {"python": python, "hash_paths": tuple(hash_paths)}),
-        "torch": (torch_fact, {"python": python}),
+        "sglang": (sglang_fact, {"python": python, "hash_paths": tuple(hash_paths), "keep": keep}),
+        "torch": (torch_fact, {"python": python, "keep": keep}),
         "disk": (disk_fact, {"path": str(layout.root)}),
         "model": (model_fact, {"path": _model_path(host, [])}),
         "gpus": (gpu_fact, {}),
         "gpu_health": (gpu_health_fact, {"service": service}),
         "missing": (missing_paths, {"paths": tuple(model_paths(host))}),
         "age": (unit_age_fact, {"service": service}),
+        "env": (env_files_fact, {"patterns": ()}),         # the manager's environment
     }, errors="return")
 
 
@@ -202,7 +210,8 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         unit_bytes, dropins, dropin_texts = read_unit_files(t, unit, files_fact)
         check_orphan_dropin(state, unit, host, files_fact.baseline_json)
         try:
-            command = execstart.exec_command(t, unit_bytes, dropin_texts, service)
+            env = execstart.host_environment(t, unit_bytes, dropin_texts, service, _or_none(got.get("env")))
+            command = execstart.exec_command(t, unit_bytes, dropin_texts, service, env)
         except ValueError as err:
             raise UserError(f"{host.name}: cannot read ExecStart of {service} from {unit.fragment_path}: {err}") from None
         notes = execstart.check_variables(command, host, playbook, f"{host.name}: {service}")
@@ -214,7 +223,8 @@ def read_service(t: TransportLike, host: Host, playbook: Playbook, root: Path, g
         mirrored = HostState(t, host.name, service, mirror=local_mirror(root, host, service))
         check_unit_drift(mirrored, host.name, service, unit_bytes, dropins, secret_refs(host, playbook),
                          baseline_text=files_fact.baseline_json)
-    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding, notes)
+    return ServiceRead(service, unit, unit_bytes, dropins, dropin_texts, list(command.argv), form, overriding, notes,
+                       env)
 
 
 def _smallest_gpu(gpus) -> float | None:
@@ -227,11 +237,16 @@ def _plan_launch(t: TransportLike, host: Host, playbook: Playbook, svc: ServiceR
                  options: ResolvedOptions, gpu_mem: float | None = None) -> argv_ops.LaunchPlan:
     flags = render_flags(playbook, host.vars.template_view(), options.values)
     table = option_table(t, host.vars.python, version, host.name)
-    # the operator's environment, from the unit files (fleetspec's own drop-in left out); a
-    # container's engine sees only its -e/--env (kept byte for byte), not the unit's
-    form = svc.form.engine if isinstance(svc.form, ContainerRun) else svc.form
-    environment = {} if isinstance(svc.form, ContainerRun) else systemd_unit.effective_environment(
-        svc.unit_bytes.decode(errors="replace"), svc.dropin_texts)
-    return argv_ops.plan_launch(form, table, flags, playbook, version, environment,
+    # the operator's environment as systemd builds it (Environment=, EnvironmentFile=, the manager's;
+    # fleetspec's own drop-in left out); a container's engine sees only its -e/--env (kept byte
+    # for byte), not the unit's
+    if isinstance(svc.form, ContainerRun):
+        # the engine's -e variables (`-e NAME`: passed through from the unit's; its value is not needed)
+        return argv_ops.plan_launch(svc.form.engine, table, flags, playbook, version,
+                                    {n: v or "" for n, v in svc.form.env().items()},
+                                    f"{host.name}: {svc.service}", gpu_mem, env_where="the container's -e")
+    environment = execstart.engine_environment(
+        svc.unit_bytes, svc.dropin_texts, svc.service, svc.env or HostEnv(), f"{host.name}: {svc.service}")
+    return argv_ops.plan_launch(svc.form, table, flags, playbook, version, environment,
                                 f"{host.name}: {svc.service}", gpu_mem)
 

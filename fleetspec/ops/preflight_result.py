@@ -144,12 +144,15 @@ class Preflight:
         head = self.container if self.container is not None else self.form
         return head.path if "@" in head.prefix else None
 
-    def environment(self, release) -> dict[str, str]:
+    def environment(self, release, folder: str | None = None) -> dict[str, str]:
+        """The release's variables; paths under `folder` (a container: the release folder, the one
+        it mounts), else under the `current` link."""
         env = dict(self.playbook.launch.env)
+        at = folder or str(self.layout.current)
         if release.files and release.mode == "release":
-            env["PYTHONPATH"] = f"{self.layout.current}/overlay"
+            env["PYTHONPATH"] = f"{at}/overlay"
         if release.kernels:
-            env["FLEETSPEC_KERNELS"] = f"{self.layout.current}/kernels"
+            env["FLEETSPEC_KERNELS"] = f"{at}/kernels"
         return env
 
     def probe_spec(self, expected: str | None) -> probes.ProbeSpec:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from fleetspec.errors import UserError
 from fleetspec.model.inventory import Host
 from fleetspec.model.playbook import Playbook
+from fleetspec.secrets import NOT_SECRET_OPTIONS, PLACEHOLDER, SECRET_OPTIONS
 
 
 def secrets_of(host: Host, playbook: Playbook) -> list[str]:
@@ -30,22 +31,19 @@ def secret_refs(host: Host, playbook: Playbook | None = None) -> tuple[list[str]
         [v for v in [host.vars.api_key.value() if host.vars.api_key else None] if v]
 
 
-# sglang's options whose value is a secret (both versions' parsers; tests/unit/test_security_audit.py
-# checks the option tables). argparse takes a unique prefix too; `--ssl-keyfile` is its own option.
-SECRET_OPTIONS = ("--admin-api-key", "--api-key", "--ssl-keyfile-password")
-NOT_SECRET = ("--ssl-keyfile",)
+# sglang's secret options: fleetspec/secrets.py (argparse takes a unique prefix too)
 _OPT = "|".join(re.escape(o) for o in SECRET_OPTIONS)
 _BY_NAME = (
-    (re.compile(rf'("(?:{_OPT})"\s*,\s*")((?:[^"\\]|\\.)*)(")'), r"\1<redacted>\3"),    # JSON list
-    (re.compile(rf'("(?:{_OPT})=)((?:[^"\\]|\\.)*)(")'), r"\1<redacted>\3"),                # JSON "--opt=V"
-    (re.compile(rf"((?:{_OPT})=)((?:[^\"'\\\s]|\\.)+)"), r"\1<redacted>"),                 # --opt=V
-    (re.compile(rf"((?:{_OPT})[ \t]+)('[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s\"',\]]+)"), r"\1<redacted>"),
+    (re.compile(rf'("(?:{_OPT})"\s*,\s*")((?:[^"\\]|\\.)*)(")'), rf"\1{PLACEHOLDER}\3"),    # JSON list
+    (re.compile(rf'("(?:{_OPT})=)((?:[^"\\]|\\.)*)(")'), rf"\1{PLACEHOLDER}\3"),                # JSON "--opt=V"
+    (re.compile(rf"((?:{_OPT})=)((?:[^\"'\\\s]|\\.)+)"), rf"\1{PLACEHOLDER}"),                 # --opt=V
+    (re.compile(rf"((?:{_OPT})[ \t]+)('[^']*'|\"(?:[^\"\\]|\\.)*\"|[^\s\"',\]]+)"), rf"\1{PLACEHOLDER}"),
 )
 
 
 def is_secret_option(word: str) -> bool:
     name = word.split("=", 1)[0]
-    return name.startswith("--") and len(name) > 3 and name not in NOT_SECRET and any(
+    return name.startswith("--") and len(name) > 3 and name not in NOT_SECRET_OPTIONS and any(
         o.startswith(name) for o in SECRET_OPTIONS)
 
 
@@ -85,10 +83,10 @@ def redact(text: str, host: Host, playbook: Playbook, argv: Iterable[str] = ()) 
     options in `argv` (the ExecStart found and the one derived), wherever they appear."""
     for value in sorted(secrets_of(host, playbook), key=len, reverse=True):
         for form in dict.fromkeys([value, json.dumps(value)[1:-1]]):
-            text = text.replace(form, "<redacted>")
+            text = text.replace(form, PLACEHOLDER)
     for value in sorted(set(argv_secrets(argv)), key=len, reverse=True):
         for form in dict.fromkeys([value, json.dumps(value)[1:-1]]):
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", "<redacted>", text)
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", PLACEHOLDER, text)
     return redact_options(text)
 
 

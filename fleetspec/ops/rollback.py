@@ -74,8 +74,8 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             last = ledger.last_step(rid)
             echo(f"[{host.name}] finishing interrupted deploy {rid} (it stopped at step "
                  f"{last.name if last else '?'}, {statuses.get(rid)})")
-        router = _router(t, host, seat, state, lock, echo)
         state.record(L.Entry.step(record_under, "rollback", L.StepState.STARTED, to=target, interrupted=interrupted))
+        router = _router(t, host, seat, state, lock, echo)
         switch_started = time.monotonic()
         switched = [rid for rid in interrupted if statuses.get(rid) == L.SWITCHED]
         result = _routed(router, lambda: activation.revert_to(
@@ -118,26 +118,19 @@ def _router(t, host, seat, state: HostState, lock, echo):
     """The host's HostDrain with its worker out (None without a router)."""
     if seat is None:
         return None
-    from fleetspec.errors import FleetspecError
     from fleetspec.ops import drain
 
     router = drain.HostDrain(seat, state.record, drain.engine_in_flight(t, host), echo, host.name)
     try:
         router.restore_pending(lock.read_text or "")
-    except FleetspecError as err:      # a rollback goes on: it is what runs while a release misbehaves
+    except Exception as err:  # noqa: BLE001 - a rollback goes on: it is what runs while a release misbehaves
         echo(f"[{host.name}] router {seat.spec.name}: {err}; the restart goes on without the router")
         return None
     try:
-        drain.check_min_serving(seat.spec, router.client, [seat.worker])
+        router.take_out()           # min_serving is checked there, right before the removal
     except UserError as err:
         echo(f"[{host.name}] stays in the router while it restarts: {err}")
-        return router
-    except FleetspecError as err:
-        echo(f"[{host.name}] router {seat.spec.name} not reachable, the restart goes on without it: {err}")
-        return None
-    try:
-        router.take_out()
-    except FleetspecError as err:
+    except Exception as err:  # noqa: BLE001 - the restart goes on; _routed puts a worker that left back
         echo(f"[{host.name}] could not take it out of router {seat.spec.name}, the restart goes on: {err}")
     return router
 

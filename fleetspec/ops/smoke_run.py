@@ -58,7 +58,7 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
         return run, None
     env = {"PYTHONPATH": str(rel / "overlay")} if pf.patchset and pf.patchset.files else {}
     if pf.container is not None:
-        command = container_command(pf, state, env)
+        command = container_command(pf, str(rel), env)
     else:
         command = files.python_c(pf.python, smoke_host.RUNNER, env=env, rundir=str(state.layout.run))
     payload = smoke_host.runner_input([(n, s) for n, s, _ in run.scripts]).decode()
@@ -75,13 +75,12 @@ def prepare(pf: Preflight, state: HostState, release_id: str) -> tuple[SmokeRun,
     return run, stage_host.Then(run.folder, script, payload, cache)
 
 
-def container_command(pf: Preflight, state: HostState, env: dict[str, str]) -> str:
+def container_command(pf: Preflight, release_dir: str, env: dict[str, str]) -> str:
     """The runner in a container of the unit's own image and options (container_launch.smoke_argv):
-    never a pull, stdin open for the scripts, fleetspec's root mounted read-only at the same path
-    (the release's overlay and kernels), the cwd kept off sys.path (PYTHONSAFEPATH)."""
+    never a pull, stdin open for the scripts, only the release's folder mounted, read-only
+    (its overlay and kernels: container_launch.release_mount), the cwd kept off sys.path (PYTHONSAFEPATH)."""
     assert pf.container is not None
-    root = str(state.layout.root)
-    words = ["--pull=never", "-i", "-v", f"{root}:{root}:ro", "-e", "PYTHONSAFEPATH=1"]
+    words = ["--pull=never", "-i", *container_launch.release_mount(release_dir), "-e", "PYTHONSAFEPATH=1"]
     for name, value in env.items():
         words += ["-e", f"{name}={value}"]
     return smoke_host.command_line(container_launch.smoke_argv(pf.container, words, ["-c", smoke_host.RUNNER]))

@@ -89,9 +89,11 @@ def new_release(pf: Preflight, release_id: str, previous: str | None = None, mod
     )
     if pf.container is None:
         return release
-    # a container unit: the runtime words kept, the release mounted read-only and labelled
+    # a container unit: the runtime words kept, only the release folder mounted (read-only), labelled
+    rdir = str(pf.layout.release(release_id))
     return dataclasses.replace(release, argv=container_launch.with_release(
-        pf.container, pf.new_argv, release_id=release_id, root=str(pf.layout.root), env=pf.environment(release)))
+        pf.container, pf.new_argv, release_id=release_id, release_dir=rdir, env=pf.environment(release, rdir),
+        drop_env=pf.launch.env_dropped))
 
 
 def env_file_text(values: dict[str, str]) -> str:

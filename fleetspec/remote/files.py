@@ -36,11 +36,14 @@ def private_dir(path: str = RUN_DIR) -> str:
     return f"mkdir -p -- {q(path)} && chmod 0700 -- {q(path)}"
 
 
+# in a fact's environment: its snippet may write its cache (a deploy's preflight); status and
+# --plan start without it and write nothing on the host
+KEEP_CACHE = {"FLEETSPEC_FACT_CACHE_KEEP": "1"}
 UNTRUSTED = "FLEETSPEC-UNTRUSTED-PYTHON"
 UNTRUSTED_RC = 87
 
 
-def trusted_python(python: str) -> str:
+def trusted_python(python: str, keep: bool = True) -> str:
     """Shell (a subshell: exit 0, or 87 with one UNTRUSTED line on stderr) that lets `python` run
     as root only when nobody but root can change what it runs at start: the interpreter (its real
     path), the venv around `python`, and its prefix's lib/python3* (stdlib, site-packages; a
@@ -48,7 +51,8 @@ def trusted_python(python: str) -> str:
     world-writable, nor any folder above them (a sticky one excepted). A verdict is kept in
     RUN_DIR under a name made of those roots' inode, owner, mode and ctime: only root can make
     a trusted tree untrusted, and chown/chmod of a root changes its name. A missing interpreter
-    passes: running it fails as it always did."""
+    passes: running it fails as it always did. `keep` False (status, --plan: nothing is written on
+    the host): a kept verdict is read, none is written."""
     bad = (f"fs_bad() {{ printf '%s %s\\n' {UNTRUSTED} \"$fs_py runs as root, but $1 can be changed by others (owner "
            f"uid $2, mode $3): refusing to run it; make the interpreter, its venv and site-packages root's and not "
            f"group/world-writable (chown -R root, chmod -R go-w), or use such a venv in vars.python\" >&2; "
@@ -69,11 +73,11 @@ def trusted_python(python: str) -> str:
         'fs_bad "$fs_a" "$fs_u" "$fs_m"; fi; [ "$fs_a" = / ] && break; fs_a=$(dirname -- "$fs_a"); done; '
         r'fs_f=$(find "$fs_d" -xdev \( ! -user 0 -o \( ! -type l -perm /022 \) \) -print -quit 2>/dev/null); '
         '[ -z "$fs_f" ] || fs_bad "$fs_f" $(stat -c "%u %a" -- "$fs_f"); done; '
-        f'[ -d {q(RUN_DIR)} ] && : > "$fs_c" 2>/dev/null; exit 0 )')
+        + (f'[ -d {q(RUN_DIR)} ] && : > "$fs_c" 2>/dev/null; ' if keep else "") + 'exit 0 )')
 
 
 def python_c(python: str, code: str, args=(), *, env: dict | None = None, rundir: str = RUN_DIR,
-             timeout_s: int | None = None) -> str:
+             timeout_s: int | None = None, keep: bool = True) -> str:
     """Run `python -c code args` as root without ever importing from a folder others can write.
 
     With -c, Python puts the current folder first on sys.path: started from /tmp (or a user's home
@@ -82,12 +86,15 @@ def python_c(python: str, code: str, args=(), *, env: dict | None = None, rundir
     (Python >= 3.11's -P: the folder is not put on sys.path at all; older Pythons ignore it, where -P
     would be an error). PYTHONPATH and the rest of the environment are kept, unlike -I. And only an
     interpreter whose tree only root can change (trusted_python; else exit 87, one line on stderr).
-    One brace group, so a redirection after it covers the check too."""
-    values = {"PYTHONSAFEPATH": "1", **(env or {})}
+    One brace group, so a redirection after it covers the check too. `keep` False, for a reading
+    that must write nothing on the host (status, --plan): started in `/` (root's too), no folder
+    made, no trust verdict kept, no bytecode written (PYTHONDONTWRITEBYTECODE)."""
+    values = {"PYTHONSAFEPATH": "1", **({} if keep else {"PYTHONDONTWRITEBYTECODE": "1"}), **(env or {})}
     assigns = " ".join(f"{k}={q(str(v))}" for k, v in values.items())
     timeout = f"timeout {int(timeout_s)} " if timeout_s else ""
     words = " ".join(q(str(a)) for a in args)
-    return (f"{{ {{ {private_dir(rundir)} && cd -- {q(rundir)}; }} 2>/dev/null || cd /; {trusted_python(python)} && "
+    start = f"{{ {private_dir(rundir)} && cd -- {q(rundir)}; }} 2>/dev/null || cd /" if keep else "cd /"
+    return (f"{{ {start}; {trusted_python(python, keep)} && "
             f"{assigns} {timeout}{q(python)} -c {q(code)}{' ' + words if words else ''}; }}")
 
 
@@ -308,9 +315,9 @@ def run_python(t: TransportLike, python: str, code: str, args=(), *, env: dict |
 
 def run_python_from_root(t: TransportLike, python: str, code: str, timeout_s: int = 300) -> CommandResult:
     """`python -c code` started in `/` with a `timeout`: for reading an installed package, where
-    the root-only run folder is not needed (nothing is written)."""
-    return t.run_script(f"cd / && {trusted_python(python)} && timeout {int(timeout_s)} {q(python)} -c {q(code)}",
-                        timeout=timeout_s + 30, check=False)
+    the root-only run folder is not needed (nothing is written: no trust verdict, no bytecode)."""
+    return t.run_script(f"cd / && {trusted_python(python, keep=False)} && PYTHONDONTWRITEBYTECODE=1 "
+                        f"timeout {int(timeout_s)} {q(python)} -c {q(code)}", timeout=timeout_s + 30, check=False)
 
 
 def write_file(t: TransportLike, path: str, data: bytes, mode: int) -> None:

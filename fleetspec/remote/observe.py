@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import time
+
+from fleetspec import secrets
 
 # Observers of every remote action (`-v/--verbose`): fn(host, what, seconds, outcome). The one hook
 # sits here, in the one SSH place, so nothing fleetspec runs on a host escapes it.
 _OBSERVERS: list = []
-_SECRET_WORDS = re.compile(
-    r"(?i)((?:--)?[A-Za-z0-9_-]*(?:api[_-]?key|token|secret|password|passwd)[A-Za-z0-9_]*[\"']?(?:=|\s+|:\s*))"
-    r"(?:'[^']*'|\"[^\"]*\"|\S+)")
 
 
 def add_observer(fn) -> None:
@@ -48,8 +46,7 @@ def _observe_route(host: str, text: str, began: float) -> None:
 
 def redact(text: str) -> str:
     """Values after secret-looking names (--api-key X, SGLANG_API_KEY=X, Authorization: …) hidden."""
-    text = re.sub(r"(?i)(authorization:\s*)(?:bearer\s+|basic\s+)?[^\s'\"]+", r"\1***", text)
-    return _SECRET_WORDS.sub(lambda m: m.group(1) + "***", text)
+    return secrets.redact_named(text)
 
 
 def _observe(host: str, what: str, began: float, outcome: str) -> None:

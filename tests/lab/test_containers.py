@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import time
 
 import pytest
@@ -102,6 +103,26 @@ def on_baseline(fleet, host, before: str) -> None:
     assert before.splitlines()[-1].endswith(" label=")      # the baseline's container carries no release
 
 
+# another service's release secrets on the same host, which the engine's container must not see
+OTHER_SECRET = "/var/lib/fleetspec/other-svc/releases/r0/secrets/env"
+INSIDE = """
+import json, os, sys
+rdir, other = sys.argv[1], sys.argv[2]
+def ls(p):
+    return sorted(os.listdir(p)) if os.path.isdir(p) else None
+try:
+    open(os.path.join(rdir, "probe"), "w")
+    writable = True
+except OSError:
+    writable = False
+print(json.dumps({"root": ls("/var/lib/fleetspec"), "service": ls("/var/lib/fleetspec/sglang-qwen"),
+                  "releases": ls("/var/lib/fleetspec/sglang-qwen/releases"), "other_secret": os.path.exists(other),
+                  "baseline": os.path.exists("/var/lib/fleetspec/sglang-qwen/baseline"),
+                  "run": os.path.exists("/var/lib/fleetspec/run"), "overlay": os.path.isdir(rdir + "/overlay"),
+                  "writable": writable}))
+"""
+
+
 def deployed(r) -> dict:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -115,6 +136,7 @@ def test_deploy_and_rollback_on_a_container_unit(pod_fleet, host):
     assert ready(pod_fleet, host)
     before = snapshot(pod_fleet, host)
     digest = before.splitlines()[-2].split()[1]
+    sh(pod_fleet, host, f"mkdir -p {os.path.dirname(OTHER_SECRET)} && umask 077 && echo 'TOKEN=sk-other' > {OTHER_SECRET}")
     if host in QUADLET_HOSTS:          # an edit not loaded yet: the deploy's reload would start it, so refused
         saved = sh(pod_fleet, host, f"base64 -w0 {QUADLET_FILE}").strip()
         sh(pod_fleet, host, f"echo '# tuned by hand, not loaded' >> {QUADLET_FILE}")
@@ -137,7 +159,15 @@ def test_deploy_and_rollback_on_a_container_unit(pod_fleet, host):
         assert snapshot(pod_fleet, host).splitlines()[:2] == before.splitlines()[:2]
         recorded = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
         assert list(recorded["sources"]) == [QUADLET_FILE] and recorded["unit_path"] == GENERATED
-    assert "-v /var/lib/fleetspec:/var/lib/fleetspec:ro" in shown and "DDTREE" in shown
+    rdir = f"/var/lib/fleetspec/sglang-qwen/releases/{release}"
+    assert f"-v {rdir}:{rdir}:ro" in shown and "DDTREE" in shown and "/var/lib/fleetspec:" not in shown
+    # from inside the engine's container (root there): only this release's folder, read-only; another
+    # service's secrets, this service's baseline and the run folder are not there
+    seen = json.loads(sh(pod_fleet, host, f"podman exec {container_name(host)} /opt/sglang/venv/bin/python3 -c "
+                                          f"{shlex.quote(INSIDE)} {rdir} {OTHER_SECRET}"))
+    assert seen == {"root": ["sglang-qwen"], "service": ["releases"], "releases": [release], "other_secret": False,
+                    "baseline": False, "run": False, "overlay": True, "writable": False}, seen
+    sh(pod_fleet, host, f"rm -rf {OTHER_SECRET.split('/releases/')[0]}")
     image_id, label = snapshot(pod_fleet, host).splitlines()[-1].split()
     assert label == f"label={release}" and image_id == before.splitlines()[-2].split()[0]   # the same image, labelled
     baseline = json.loads(sh(pod_fleet, host, "cat /var/lib/fleetspec/sglang-qwen/baseline/baseline.json"))
@@ -188,22 +218,19 @@ def test_a_release_that_crashes_at_start_reverts_to_the_baseline(pod_fleet, host
 
 def test_smoke_container_sees_the_release_first_and_the_images_sglang(pod_fleet):
     """with_release's run options and smoke_argv's container, run by the real podman on the host."""
-    import shlex
-
     from fleetspec.lab import profiles
     from fleetspec.model import container_launch
 
     host, root = POD_HOSTS[0], "/var/lib/fleetspec/lab-try"
-    sh(pod_fleet, host, f"mkdir -p {root}/r1/overlay/probe && echo 'WHERE = __file__' > {root}/r1/overlay/probe/__init__.py"
-                        f" && ln -sfn r1 {root}/current")
+    sh(pod_fleet, host, f"mkdir -p {root}/r1/overlay/probe && echo 'WHERE = __file__' > {root}/r1/overlay/probe/__init__.py")
     run = container_launch.parse_run(profiles.PODMAN_ARGV)
-    argv = container_launch.with_release(run, run.engine.argv, release_id="r1", root=root,
-                                         env={"PYTHONPATH": f"{root}/current/overlay"})
+    argv = container_launch.with_release(run, run.engine.argv, release_id="r1", release_dir=f"{root}/r1",
+                                         env={"PYTHONPATH": f"{root}/r1/overlay"})
     release = argv[run.image_at:argv.index(run.image)]
     smoke = container_launch.smoke_argv(run, release, ["-c", "import probe, sglang; print(probe.WHERE, sglang.__file__)"])
     try:
         out = sh(pod_fleet, host, shlex.join(smoke), timeout=120).split()
     finally:
         sh(pod_fleet, host, f"rm -rf {root}")
-    assert out == [f"{root}/current/overlay/probe/__init__.py",
+    assert out == [f"{root}/r1/overlay/probe/__init__.py",
                    "/opt/sglang/venv/lib/python3.11/site-packages/sglang/__init__.py"]

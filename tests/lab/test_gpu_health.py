@@ -45,6 +45,11 @@ REFUSED = {
 }
 
 
+# tests/fixtures/facts/gpu_health/h200-x1-forged-xid-in-a-segfault-report.json's captured line, on GPU 1
+FORGED = ("python3[9020]: segfault at 0 ip 00007f65fb13e000 sp 00007fff48a129d8 error 4 in NVRM: Xid (PCI:0000:3b:00): "
+          "79, pid=1, GPU has fallen off the bus.[0,7f65fb13e000+1000] likely on CPU 1 (core 1, socket 0)")
+
+
 @pytest.fixture(scope="module")
 def gpu_host(lab_fleet, tmp_path_factory):
     """hosts[0] (like ct129: TP 2) and a fleet root whose python for it reports CUDA 12.8."""
@@ -80,6 +85,9 @@ def test_each_gpu_fault_is_refused_before_any_change(lab_fleet, gpu_host):
     host, root = gpu_host
     before = _untouched(lab_fleet, host)
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", check_rc=0)
+    # healthy GPUs, and a kernel log line any local user can write: a segfault report naming the
+    # mapped file (captured format), the file named like an Xid; it is not one
+    labtools.sh(lab_fleet, host, f"printf '%s %s\\n' \"$(date +%s.%N)\" {shlex.quote(FORGED)} >> /etc/fleetspec-lab/gpu/kernel.log")
     r = R.fs(root, "deploy", host, "--algo", "nextn", "--plan")
     assert r.returncode == 0 and "refused" not in r.stdout + r.stderr, (r.stdout[-2000:], r.stderr[-2000:])
     for case, line in REFUSED.items():
@@ -105,14 +113,17 @@ def test_a_restart_that_logs_an_xid_names_it_and_the_host_needs_attention(lab_fl
     labtools.fs(lab_fleet, "lab", "fault", host, "--clear", check_rc=0)
     labtools.fs(lab_fleet, "lab", "fault", host, "gpu=h200x2", "xid_at_start=79", "crash_at_start",
                 "only_algorithm=DDTREE", check_rc=0)
-    # graph sizing from the GPU facts: sglang's own 256 on H200 at TP 2 holds 1024 verify tokens,
-    # 15 requests of a 64-node tree: below the 16 this host serves, refused; budget 15 fits 64
+    # graph sizing from the GPU facts: sglang's own 256 on H200 at TP 2 holds 1024 verify tokens;
+    # the graph covers the 16 requests this host serves (the request pool), and 16 x 65 does not
+    # fit: refused; at budget 15, 16 x 16 = 256 fits without a change
     r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--plan")
     said = r.stdout + r.stderr
     assert r.returncode == 2 and "--cuda-graph-max-bs 256 (sglang 0.5.13.post1's own choice for 143771 MiB GPUs " \
-        "at TP 2)" in said and "15 requests per graph fit, below the 16" in said, said[-3000:]
+        "at TP 2)" in said and "its graph would capture 16 x 65 = 1040 (it covers 16 requests per rank" in said, \
+        said[-3000:]
     r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--plan", "--set", "budget=15")
-    assert r.returncode == 0 and "--cuda-graph-max-bs 256 -> 64 (64 x 16 = 1024 <= 1024)" in r.stdout, r.stdout[-3000:]
+    assert r.returncode == 0 and "the new launch captures 16 x 16 = 256 <= 256 x 4 = 1024 verify tokens: " \
+        "--cuda-graph-max-bs kept" in r.stdout, r.stdout[-3000:]
     try:
         r = labtools.fs(lab_fleet, "deploy", host, "--algo", "ddtree", "--set", "budget=15", "--yes", "--no-gates",
                         "--json")

@@ -84,6 +84,11 @@ def test_unknown_host_key_refused_by_default_and_recorded_only_when_asked(rel, t
 ODD = "a b %s %% $HOME ${PATH} \"q\" 'x' `id` $(touch /tmp/fleetspec-pwned) ;\nsecond line\\t\\x41"
 
 
+# every persistent place on a lab host where a command could leave a file (not /run, /tmp, logs or
+# systemd's own timer stamps)
+WRITABLE = ("/etc", "/opt", "/root", "/usr", "/srv", "/home", "/var/lib", "/var/cache")
+
+
 def test_odd_flags_arrive_intact_and_secrets_never_leak(rel, tmp_path):
     """One deploy on the second host: a custom playbook adds --served-model-name with ODD and a
     secret env; the inventory names an api_key. Everything that fleetspec prints or writes is
@@ -103,8 +108,14 @@ def test_odd_flags_arrive_intact_and_secrets_never_leak(rel, tmp_path):
     root = R.make_root(tmp_path / "root", rel.fleet.hosts, playbooks={"ddtree.yaml": edit},
                        inventory_vars={host: {"api_key": {"secret_env": "FS_REL_API_KEY"}}})
     outputs = []
+    # --plan and status write nothing on the host (no fact cache, trust verdict, folder or bytecode):
+    # what they would write is removed first, so that any write shows
+    rel.lab.sh(host, "rm -rf /var/cache/fleetspec /var/lib/fleetspec/run/trusted-python.* && touch /run/fs-unchanged")
     plan = R.fs(root, "deploy", host, "--algo", "ddtree", "--plan", env=env, check_rc=0)
     outputs.append(plan.stdout + plan.stderr)
+    outputs.append(R.fs(root, "status", host, env=env, check_rc=0).stdout)
+    assert rel.lab.sh(host, f"find {' '.join(WRITABLE)} -xdev -path /var/lib/systemd -prune -o -newer /run/fs-unchanged "
+                            f"-print 2>/dev/null; true") == ""
     assert "EnvironmentFile=" in plan.stdout and "served-model-name" in plan.stdout
     d = R.fs(root, "deploy", host, "--algo", "ddtree", "--yes", "--no-gates", env=env)
     outputs.append(d.stdout + d.stderr)

@@ -32,12 +32,20 @@ def test_parser_reads_the_stand_ins_metrics_as_sglang_names_them():
 
 def test_parser_sums_label_sets_and_reads_escapes_and_timestamps():
     text = ('sglang:num_requests_total{model_name="m",is_streaming="true"} 3.0\n'
-            'sglang:num_requests_total{model_name="m \\"q\\"",is_streaming="false"} 4 1700000000000\n'
-            'garbage line\nsglang:num_running_reqs{model_name="m"} NaNx\n')
+            'sglang:num_requests_total{model_name="m \\"q\\"",is_streaming="false"} 4 1700000000000\n')
     samples = prometheus.parse(text)
     assert prometheus.total(samples, prometheus.REQUESTS) == 7
     assert samples[1].label("model_name") == 'm "q"'
     assert prometheus.in_flight(text) is None
+
+
+def test_a_scrape_that_is_not_prometheus_text_is_missing_whole():
+    text = 'sglang:num_requests_total 3\ngarbage line\nsglang:num_running_reqs{model_name="m"} NaNx\n'
+    with pytest.raises(prometheus.Unreadable):
+        prometheus.parse(text)
+    assert prometheus.in_flight(text) is None
+    f = prometheus.figures(text, text)
+    assert f.missing and judge(BakeSpec(min_requests=0), BASE, f).outcome == INCONCLUSIVE
 
 
 def test_figures_are_differences_between_two_scrapes():
@@ -136,3 +144,59 @@ def test_inventory_bad_router_is_one_line(tmp_path, old, new, message):
     with pytest.raises(ConfigError, match=message) as err:
         load_inventory(p)
     assert "\n" not in str(err.value)
+
+
+LABELS = '{model_name="/models/m",engine_type="unified"}'
+
+
+def _with(text: str, name: str, value: str) -> str:
+    """The captured scrape with `name`'s value replaced (a hostile or broken engine's)."""
+    lines = [f"{name}{LABELS} {value}" if line.startswith(name + "{") else line for line in text.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _served(requests: float) -> str:
+    return _with(CAPTURED, prometheus.REQUESTS, f"{requests}")
+
+
+@pytest.mark.parametrize("name, value", [
+    (prometheus.ACCEPT, "NaN"),                 # a gauge computed 0/0: every ratio with it is NaN
+    (prometheus.ACCEPT, "+Inf"),
+    (prometheus.ABORTED, "NaN"),                # a counter incremented by NaN: the error rate is NaN
+    (prometheus.REQUESTS, "+Inf"),
+])
+def test_a_non_finite_figure_is_missing_and_fails_the_bake_closed(name, value):
+    """Before the release: 4 requests; after: 104, of which the figure under test is not a number.
+    Every comparison with NaN is false, so such a release used to pass."""
+    before = _served(4.0)
+    after = _with(_served(104.0), name, value)
+    release = prometheus.figures(before, after)
+    verdict = judge(BakeSpec(min_requests=20, max_p99_ratio=None), BASE, release)
+    assert verdict.outcome != PASS and not verdict.ok, verdict
+    assert any("not a finite" in r for r in verdict.reasons), verdict.reasons
+    fine = judge(BakeSpec(min_requests=20, max_p99_ratio=None), BASE, prometheus.figures(before, _served(104.0)))
+    assert fine.outcome == PASS, fine.reasons           # the same scrape with finite figures passes
+
+
+def test_a_baseline_figure_that_is_not_finite_fails_the_bake_closed():
+    base = prometheus.figures(_served(4.0), _with(_served(104.0), prometheus.ACCEPT, "NaN"))
+    release = prometheus.figures(_served(4.0), _served(104.0))
+    verdict = judge(BakeSpec(min_requests=20, max_p99_ratio=None), base, release)
+    assert verdict.outcome == INCONCLUSIVE and any("baseline's" in r for r in verdict.reasons), verdict
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-3"])
+def test_an_in_flight_gauge_that_is_not_a_count_is_unknown_never_an_exception(value):
+    text = _with(CAPTURED, prometheus.RUNNING, value)
+    assert prometheus.in_flight(text) is None
+
+
+def test_the_parser_keeps_escaped_backslashes_and_reads_no_exemplar_as_a_value():
+    """prometheus_client's own parser: `\\\\n` in a label is a backslash and an n, not a newline;
+    an exemplar after `#` is not the sample's value."""
+    text = ('sglang:num_requests_total{model_name="C:\\\\new"} 5\n'
+            'sglang:e2e_request_latency_seconds_bucket{le="1.0"} 3 # {trace_id="abc"} 0.5\n'
+            'sglang:e2e_request_latency_seconds_bucket{le="+Inf"} 3\n')
+    samples = prometheus.parse(text)
+    assert samples[0].label("model_name") == "C:\\new" and "\n" not in samples[0].label("model_name")
+    assert prometheus.histogram(samples, prometheus.E2E) == {1.0: 3.0, float("inf"): 3.0}

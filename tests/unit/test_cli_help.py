@@ -150,10 +150,10 @@ def test_verbose_prints_each_remote_command(sshd, tmp_path, ssh_client_key, inve
 
 
 def test_redaction_of_secret_looking_words():
-    assert redact("sglang --api-key sk-1 --port 30000") == "sglang --api-key *** --port 30000"
-    assert redact("curl -H 'Authorization: Bearer abc'") == "curl -H 'Authorization: ***'"
-    assert redact("env SGLANG_API_KEY=abc HF_TOKEN='x y' run") == "env SGLANG_API_KEY=*** HF_TOKEN=*** run"
-    assert redact('{"api_key": "zz", "model": "m"}') == '{"api_key": ***, "model": "m"}'
+    assert redact("sglang --api-key sk-1 --port 30000") == "sglang --api-key <redacted> --port 30000"
+    assert redact("curl -H 'Authorization: Bearer abc'") == "curl -H 'Authorization: <redacted>'"
+    assert redact("env SGLANG_API_KEY=abc HF_TOKEN='x y' run") == "env SGLANG_API_KEY=<redacted> HF_TOKEN=<redacted> run"
+    assert redact('{"api_key": "zz", "model": "m"}') == '{"api_key": <redacted>, "model": "m"}'
     assert redact("--model-path /root/models/Qwen3.6-27B") == "--model-path /root/models/Qwen3.6-27B"
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shlex
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,10 +20,11 @@ import pytest
 from fleetspec import systemd_unit, unit_context
 from fleetspec.errors import UserError
 from fleetspec.lab import profiles
-from fleetspec.model import container_launch
+from fleetspec.model import container_launch, launch
 from fleetspec.model.baseline import Baseline
 from fleetspec.model.container_launch import parse_run
 from fleetspec.model.inventory import load_inventory
+from fleetspec.model.launch import LaunchRefused
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import load_playbook
 from fleetspec.ops import container_plan, rendering, smoke_run, staging
@@ -154,13 +157,16 @@ def test_a_container_release_runs_the_same_runtime_words_with_the_release_mounte
     pf, run = _preflight(ROOT)
     release = staging.new_release(pf, "20261204T000000Z-ddtree-0001", patch_files={"sglang/x.py": b"x = 1\n"},
                                   kernel_files={})
-    root, current = "/var/lib/fleetspec", "/var/lib/fleetspec/sglang-qwen/current"
-    env = {**pf.playbook.launch.env, "PYTHONPATH": f"{current}/overlay"}      # the playbook's, then the release's
-    assert release.argv == container_launch.with_release(run, pf.new_argv, release_id=release.id, root=root, env=env)
+    rdir = f"/var/lib/fleetspec/sglang-qwen/releases/{release.id}"
+    env = {**pf.playbook.launch.env, "PYTHONPATH": f"{rdir}/overlay"}      # the playbook's, then the release's
+    assert release.argv == container_launch.with_release(run, pf.new_argv, release_id=release.id, release_dir=rdir,
+                                                         env=env)
     at = release.argv.index(LAB_IMAGE)
     assert release.argv[:run.image_at] == list(run.argv[:run.image_at])     # the operator's words, in place
+    # only this release's folder, read-only: never the state root (other services' baselines, secrets)
     assert release.argv[run.image_at:at] == ["--pull=never", "--label", f"fleetspec.release={release.id}", "-v",
-                                             f"{root}:{root}:ro", *[w for k, v in env.items() for w in ("-e", f"{k}={v}")]]
+                                             f"{rdir}:{rdir}:ro", *[w for k, v in env.items() for w in ("-e", f"{k}={v}")]]
+    assert not any(w.startswith("/var/lib/fleetspec:") for w in release.argv)
     assert release.argv[at + 1:] == pf.new_argv
     assert (release.exec_prefix, release.exec_path) == ("", None)
     # the drop-in's ExecStart= is that argv, as systemd reads it back
@@ -171,13 +177,13 @@ def test_a_container_release_runs_the_same_runtime_words_with_the_release_mounte
 
 def test_the_smoke_runner_runs_in_the_units_image_with_the_releases_overlay_first():
     pf, run = _preflight(ROOT)
-    state = SimpleNamespace(layout=HostLayout("sglang-qwen.service"))
-    overlay = "/var/lib/fleetspec/sglang-qwen/releases/r1/overlay"
-    argv = shlex.split(smoke_run.container_command(pf, state, {"PYTHONPATH": overlay}))
+    rdir = str(HostLayout("sglang-qwen.service").release("r1"))
+    overlay = f"{rdir}/overlay"
+    argv = shlex.split(smoke_run.container_command(pf, rdir, {"PYTHONPATH": overlay}))
     assert argv[:3] == ["/usr/bin/podman", "run", "--rm"]
     assert argv[argv.index("--entrypoint") + 1:argv.index("--entrypoint") + 4] == [run.engine.argv[0], LAB_IMAGE, "-c"]
     assert "--name" not in argv and "-i" in argv and "--pull=never" in argv
-    assert ["-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro"] == argv[argv.index("-i") + 1:argv.index("-i") + 3]
+    assert ["-v", f"{rdir}:{rdir}:ro"] == argv[argv.index("-i") + 1:argv.index("-i") + 3]    # the release only
     assert f"PYTHONPATH={overlay}" in argv and "PYTHONSAFEPATH=1" in argv
     for o in run.options:              # the unit's mounts, network and IPC, but not its name or --rm
         if o.name in ("-v", "--network", "--ipc", "-e"):
@@ -310,3 +316,78 @@ def test_the_images_own_sglang_files_are_checked_against_record_and_the_patch_se
         f"{IMAGE_PATHS[1]} exists in the image {IMAGE} but not in sglang==0.5.23; refusing to shadow an unknown file")
     assert container_plan.image_base_problem(IMAGE, clean, dataclasses.replace(ps, version="0.5.13.post1")) == (
         f"patch set sglang-0.5.23 is for sglang==0.5.13.post1; sglang==0.5.23 is installed in the image {IMAGE}")
+
+
+# Published: github.com/dmitrymailk/hidden_capacity_reasoning sglang.sh ($volume and $model filled with
+# the values the script sets; $PWD as /root), as a unit's ExecStart, plus the speculation-only -e the
+# operators' NEXTN units carry.
+PUBLISHED_DETACHED = ("/usr/bin/docker run -d -ti --rm --gpus all --shm-size 1g -p 1337:30000 "
+                      "-v /root/data:/root/.cache/huggingface -v ./:/code -w /code --ipc=host "
+                      "-e SGLANG_ENABLE_SPEC_V2=1 lmsysorg/sglang:v0.4.5-cu125 python3 -m sglang.launch_server "
+                      "--model-path deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --host 0.0.0.0 --port 30000").split()
+
+
+def test_a_detached_container_is_refused_and_a_tty_is_stated(tmp_path, t, sshd, ssh_client_key, inventory_writer):
+    run = parse_run(PUBLISHED_DETACHED)
+    assert container_launch.supervision_problem(run) == (
+        "`docker run -d` detaches the container: the runtime client exits at once, so systemd never sees the "
+        "engine (a crash would not fail the unit, probes and rollback could not tell); drop -d from the "
+        "ExecStart (systemd keeps the container in the foreground)")
+    assert container_launch.handling_notes(run) == [
+        "runtime option -ti kept as written: the engine gets a pseudo-terminal, its output still reaches the journal"]
+    clustered = parse_run([*PUBLISHED_DETACHED[:2], "-dit", *PUBLISHED_DETACHED[4:]])
+    assert "`docker run -dit` detaches" in (container_launch.supervision_problem(clustered) or "")
+    attached = parse_run([PUBLISHED_DETACHED[0], "run", *PUBLISHED_DETACHED[3:]])
+    assert container_launch.supervision_problem(attached) is None
+    # through preflight's own check, on a real host, before anything is read or changed
+    runtime = _stand_in(tmp_path)
+    detached = parse_run([str(runtime), "run", "-d", *profiles.PODMAN_ARGV[2:]])
+    req = _request(tmp_path, sshd, ssh_client_key, inventory_writer)
+    with pytest.raises(UserError, match=r"^h: s.service: `podman run -d` detaches the container"):
+        container_plan.deployable(t, req, "s.service", detached, fragment_path="/etc/s.service")
+
+
+def test_speculation_only_env_of_a_container_is_dropped_from_its_run_and_said_in_the_plan():
+    from fleetspec.ops import argv as argv_ops
+    from fleetspec.ops.flags import Flags
+
+    run = parse_run([PUBLISHED_DETACHED[0], "run", *PUBLISHED_DETACHED[3:]])
+    assert run.env() == {"SGLANG_ENABLE_SPEC_V2": "1"}
+    playbook = load_playbook(ROOT / "playbooks" / "ddtree.yaml")
+    plan = argv_ops.plan_launch(run.engine, launch.load_table("0.5.23"), Flags(["--speculative-algorithm", "DDTREE"]),
+                                playbook, "0.5.23", {n: v or "" for n, v in run.env().items()}, "h: s",
+                                env_where="the container's -e")
+    assert plan.env_dropped == ("SGLANG_ENABLE_SPEC_V2",)
+    assert "speculation-only environment dropped from the container's -e: SGLANG_ENABLE_SPEC_V2" in plan.notes
+    argv = container_launch.with_release(run, run.engine.argv, release_id="r1", release_dir="/r/r1",
+                                         env={"PYTHONPATH": "/r/r1/overlay"}, drop_env=plan.env_dropped)
+    assert "SGLANG_ENABLE_SPEC_V2=1" not in argv
+    # every other operator word stays, in its place
+    kept = [w for w in run.argv[:run.image_at] if w not in ("-e", "SGLANG_ENABLE_SPEC_V2=1")]
+    assert argv[:len(kept)] == kept
+    clustered = parse_run([PUBLISHED_DETACHED[0], "run", "-ie", "SGLANG_ENABLE_SPEC_V2=1", *PUBLISHED_DETACHED[-10:]])
+    with pytest.raises(LaunchRefused, match="sits in a cluster of short options"):
+        container_launch.without_env(clustered, ["SGLANG_ENABLE_SPEC_V2"])
+
+
+def test_a_draft_model_path_the_container_does_not_have_is_refused(tmp_path):
+    """The image python's snippet, run for real by sglang 0.5.23's python, looks for the paths the
+    new launch names; one that exists on the host but not in the container is refused in one line."""
+    from fleetspec.lab import envs
+    from fleetspec.remote.facts import image_python
+
+    present = tmp_path / "models" / "target"
+    present.mkdir(parents=True)
+    absent = "/models/draft-not-mounted"
+    paths = [str(present), absent]
+    out = subprocess.run([str(envs.local_env("0.5.23")), "-c", image_python.SNIPPET], capture_output=True, text=True,
+                         env={**os.environ, image_python.CHECK_PATHS: json.dumps(paths)}, check=True).stdout
+    inside = image_python.parse(out)
+    assert inside.missing == (absent,) and inside.sglang == "0.5.23"
+    check = {"vars.model_path": str(present), "vars.draft_model_path": absent}
+    assert container_plan.model_paths_problem("img:1", check, inside) == (
+        f"vars.draft_model_path {absent} is not inside the container (under none of its mounts, not in the image "
+        f"img:1), where the engine will open it; mount it in the unit first (`-v {absent}:{absent}:ro`)")
+    assert container_plan.model_paths_problem("img:1", {"vars.model_path": str(present)}, inside) is None
+    # output captured before the paths were asked for reads as nothing missing
+    assert image_python.parse(_inside(), hash_paths=IMAGE_PATHS).missing == ()

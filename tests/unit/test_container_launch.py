@@ -217,3 +217,25 @@ def test_inspect_of_captured_podman_and_published_docker_output():
            + (HELP / "podman-4.3.1-image-inspect.json").read_text() + f"\n{container_inspect.MARK} container 125\n\n")
     both = container_inspect.parse(out)
     assert both.version == "podman version 4.3.1" and both.image == image and both.container is None
+
+
+def test_compose_refusal_names_the_sglang_service_not_the_one_listed_first():
+    """The published smg file (a router service before the sglang worker), its worker's model given
+    as `${MODEL}` as compose users write it: the refusal is the worker's interpolation, not the
+    router's hidden entrypoint."""
+    case = next(c for c in CORPUS if c["id"] == "smg-docs-compose-router-and-worker")
+    text = case["compose"].replace("      - meta-llama/Llama-3.1-8B-Instruct", "      - ${MODEL}")
+    with pytest.raises(LaunchRefused) as err:
+        container_compose.parse_compose(text)
+    assert "compose service worker's command with compose interpolation (${MODEL})" in str(err.value), str(err.value)
+
+
+def test_compose_block_list_command_followed_by_a_key_is_rewritten_in_place():
+    """The published smg file's worker: a block-list `command:` with `healthcheck:` after it. The
+    rewrite keeps the line break and indentation before the next key (it once glued them together
+    and the file no longer parsed)."""
+    case = next(c for c in CORPUS if c["id"] == "smg-docs-compose-router-and-worker")
+    got = container_compose.parse_compose(case["compose"])
+    text = container_compose.derive_compose(case["compose"], got, launch.load_table("0.5.23"), FLAGS, version="0.5.23")
+    assert "]\n    healthcheck:\n      test: [\"CMD\", \"curl\", \"-f\", \"http://localhost:8000/health\"]" in text
+    assert container_compose.parse_compose(text).command == (*got.command, *FLAGS)

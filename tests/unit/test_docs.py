@@ -87,3 +87,43 @@ def test_the_process_pattern_catches_what_it_must():
     assert mentions("Session 13 figures; see issue 17") == ["Session 13", "issue 17"]
     assert mentions("ISSUE  36 and session\n9") == ["ISSUE  36", "session\n9"]
     assert mentions("sglang issues #3506; the SSH session every 2 s") == []
+
+
+# A fact stated on several pages, with the pattern that reads its figure. Each is stated with one
+# current figure; git keeps the history. Whitespace (line breaks) is folded before matching.
+FIGURES = {
+    "cold set-up of the cache (s)": re.compile(r"cold set-up of /var/cache/fleetspec took (\d+) ?s"),
+    "cold run of the whole suite (s)": re.compile(r"\ball (\d+) s \(\d+ min\b"),
+    "cold run of the whole suite (min)": re.compile(r"\ball \d+ s \((\d+) min\b"),
+    "one-host deploy (s)": re.compile(r"one-host deploy \| ([0-9.]+) s"),
+    "a full cold run of the suite took": re.compile(r"cold set-up of (\d+) s, then \d+ tests"),
+}
+
+
+def figures_stated(pages: dict[str, str]) -> dict[str, dict[str, set[str]]]:
+    """fact -> figure -> the pages that state it (pure)."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for name, text in pages.items():
+        flat = re.sub(r"\s+", " ", text)
+        for fact, pattern in FIGURES.items():
+            for m in pattern.finditer(flat):
+                found.setdefault(fact, {}).setdefault(m.group(1), set()).add(name)
+    return found
+
+
+def _pages() -> dict[str, str]:
+    paths = [REPO / "README.md", REPO / "DEVELOPING.md", REPO / "bench" / "RESULTS.md",
+             REPO / "fleetspec" / "lab" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return {str(p.relative_to(REPO)): p.read_text() for p in paths if p.exists()}
+
+
+def test_a_figure_stated_on_two_pages_is_the_same_figure():
+    clashes = {fact: figs for fact, figs in figures_stated(_pages()).items() if len(figs) > 1}
+    assert not clashes, f"one fact, several figures: {clashes}"
+
+
+def test_the_figure_check_catches_two_pages_that_disagree():
+    pages = {"README.md": "prepare: cold\nset-up of /var/cache/fleetspec took 253s",
+             "docs/getting-started.md": "prepare: cold set-up of /var/cache/fleetspec took 373s"}
+    assert figures_stated(pages)["cold set-up of the cache (s)"] == {"253": {"README.md"},
+                                                                     "373": {"docs/getting-started.md"}}

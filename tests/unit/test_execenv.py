@@ -269,3 +269,69 @@ def test_a_secret_in_a_variable_is_refused_and_the_rest_is_noted(tmp_path, sshd,
     assert "$MODEL (EnvironmentFile=/e/a), $PORT (EnvironmentFile=/e/a), $NOPE (unset: unset)" in note
     assert "/m" not in note.replace("/e/a", "")                 # names and sources, never values
     assert execstart.check_variables(systemd_unit.effective_exec_command(_unit("", "--x")), host, None, "h: s") == []
+
+
+def test_simulated_acceptance_from_an_environment_file_or_the_manager_fails_the_gates_closed(t, tmp_path):
+    """SGLANG_SIMULATE_ACC_* set in an EnvironmentFile= (read over a real sshd) or in the manager's
+    environment is in the engine's environment as systemd builds it: the plan names it, the
+    drop-in unsets it and every gate is inconclusive (Environment= lines alone missed both)."""
+    from pathlib import Path
+
+    from fleetspec.model import launch
+    from fleetspec.model.playbook import load_playbook
+    from fleetspec.ops import argv as argv_ops
+    from fleetspec.ops import execstart
+    from fleetspec.ops.flags import Flags
+    from fleetspec.ops.gates import INCONCLUSIVE, PASS, Verdict, fail_closed_if_simulated
+
+    env_file = tmp_path / "sglang.env"
+    env_file.write_bytes(b"SGLANG_SIMULATE_ACC_LEN=3\nHF_HOME=/h\n")
+    unit = (f"[Service]\nEnvironment=A=1\nEnvironmentFile=-{env_file}\n"
+            f"ExecStart={PY} -m sglang.launch_server --model-path m --speculative-algorithm EAGLE\n").encode()
+    batch = HostEnv(manager={"SGLANG_SIMULATE_ACC_DIST": "1", "LANG": "C"})     # preflight's batch read it
+    env = execstart.host_environment(t, unit, [], "sglang.service", batch)
+    engine = execstart.engine_environment(unit, [], "sglang.service", HostEnv(env.files, batch.manager), "h: s")
+    assert engine == {"SGLANG_SIMULATE_ACC_DIST": "1", "LANG": "C", "A": "1", "SGLANG_SIMULATE_ACC_LEN": "3",
+                      "HF_HOME": "/h"}
+    playbook = load_playbook(Path(__file__).parents[2] / "playbooks" / "ddtree.yaml")
+    form = launch.classify([PY, "-m", "sglang.launch_server", "--model-path", "m", "--speculative-algorithm", "EAGLE"],
+                           path=PY)
+    plan = argv_ops.plan_launch(form, launch.load_table("0.5.23"), Flags(["--speculative-algorithm", "DDTREE"]),
+                                playbook, "0.5.23", engine, "h: s")
+    assert set(plan.simulated) == set(plan.env_dropped) == {"SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_DIST"}
+    assert [v.verdict for v in fail_closed_if_simulated([Verdict("acceptance", PASS)], plan.simulated)] == [INCONCLUSIVE]
+    # a unit without EnvironmentFile= costs no round trip: the batch's reading is used as it is
+    assert execstart.host_environment(t, b"[Service]\nExecStart=/bin/true\n", [], "s.service", batch) is batch
+    # a required file that is gone: refused in one line (systemd would not start the engine)
+    env_file.unlink()
+    gone = unit.replace(b"=-/", b"=/")
+    with pytest.raises(Exception, match=r"^h: s: EnvironmentFile=.*no such file"):
+        execstart.engine_environment(gone, [], "sglang.service", execstart.host_environment(t, gone, [], "sglang.service"),
+                                     "h: s")
+
+
+@pytest.mark.parametrize("body, execstart", [
+    ("SGLANG_ARGS=--api-key sk-opx-42 --tp 2", "$SGLANG_ARGS"),                 # the option and its value
+    ("SGLANG_ARGS='--admin-api-key=sk-opx-42'", "$SGLANG_ARGS"),
+    ("K=sk-opx-42", "--api-key ${K}"),                                          # the value alone
+    ("K=sk-opx-42", "--api-k $K"),                                              # argparse's unique prefix
+])
+def test_a_secret_option_value_inside_a_variable_is_refused(tmp_path, sshd, ssh_client_key, inventory_writer,
+                                                            body, execstart):
+    """The drop-in (0644) writes the expanded command line: a secret option's value that came from a
+    variable (a 0600 EnvironmentFile=) is refused as a secret-named variable is, in one line."""
+    from fleetspec.errors import UserError
+    from fleetspec.model.inventory import load_inventory
+    from fleetspec.ops import execstart as ops_execstart
+
+    host = load_inventory(inventory_writer(tmp_path / "inv.yaml", {"h": sshd}, ssh_client_key)).hosts["h"]
+    env = HostEnv(files={"/e/a": (("/e/a", f"{body}\nMODEL=/m\n".encode()),)}, manager={})
+    command = execenv.effective_exec_command(_unit("EnvironmentFile=/e/a", f"--model-path $MODEL {execstart}"), env=env)
+    name = body.split("=", 1)[0]
+    with pytest.raises(UserError, match=rf"^h: s: ExecStart= takes \${name} from EnvironmentFile=/e/a, which holds "
+                                        r"a secret;") as err:
+        ops_execstart.check_variables(command, host, None, "h: s")
+    assert "sk-opx-42" not in str(err.value) and "\n" not in str(err.value)
+    # a secret written in the unit itself (already in its 0644 file) with harmless variables: noted, not refused
+    literal = execenv.effective_exec_command(_unit("EnvironmentFile=/e/a", "--api-key sk-opx-42 $MODEL"), env=env)
+    assert ops_execstart.check_variables(literal, host, None, "h: s")

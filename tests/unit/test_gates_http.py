@@ -202,3 +202,14 @@ def test_empty_or_short_output_ids_for_a_non_empty_completion_are_failed_request
                                                 "meta_info": {"completion_tokens": 4}})
                     if p == GOLDEN_PROMPTS[1] else answer(p))
     assert len(short.prompt_errors) == 1 and "2 output_ids for meta_info.completion_tokens 4" in short.errors[0]
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), -1.0])
+def test_an_accept_length_that_is_infinite_or_negative_is_a_malformed_answer(t, server, bad):
+    """`Infinity` (what Python's JSON writes for inf) in one answer made the mean infinite and
+    passed a gate whose other answers were all below the floor; a negative one is no length."""
+    after = measure(t, server, lambda p: answer(p, accept=bad) if p == GOLDEN_PROMPTS[0] else answer(p, accept=1.0))
+    assert len(after.prompt_errors) == 1 and "spec_accept_length" in after.prompt_errors[0]
+    assert all(x == 1.0 for x in after.accept_lengths)
+    v = one(Gates(acceptance=AcceptanceGate(min=2.0)), None, after, "acceptance")
+    assert v.verdict == INCONCLUSIVE and v.blocks

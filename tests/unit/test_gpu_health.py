@@ -270,3 +270,26 @@ def test_a_captured_h200_reads_as_one_healthy_gpu_and_refuses_a_launch_needing_t
     assert health.unread == [] and health.kernel_log == "dmesg" and health.xids == []
     assert found(health, cuda="13.0", need=(1, "TP 1")) == []
     assert found(health, cuda="13.0", need=(2, "TP 2")) == [("gpu_count", None)]
+
+
+def test_an_xid_forged_in_a_segfault_report_is_not_an_xid(host_with, tmp_path):
+    """A segfault report prints the mapped file's name as it is, so any local user can put
+    `NVRM: Xid (…): 79` on a kernel log line (tests/fixtures/facts/gpu_health/h200-x1-forged-xid-in-a-
+    segfault-report.json: the line captured from dmesg, the name replaced). Only a line whose
+    message starts with it is an Xid: read through the journal stand-in over a real sshd, the
+    forged line passes preflight's GPU rules and a real Xid after it is still found."""
+    import json
+
+    case = json.loads((REPO / "tests/fixtures/facts/gpu_health/h200-x1-forged-xid-in-a-segfault-report.json").read_text())
+    forged = next(ln for ln in case["stdout"].splitlines() if "segfault" in ln)
+    message = forged.split("] ", 1)[1]               # as the kernel wrote it, without dmesg's uptime
+    assert gpu_health.parse_xids([forged], "dmesg", 0.0) == []
+    tp = host_with("h200x2")
+    at = time.time()
+    with open(tmp_path / "gpu" / "kernel.log", "a") as fh:
+        fh.write(f"{at:.6f} {message.replace('0000:00:06', '0000:3b:00')}\n")
+    health = read(tp)
+    assert health.kernel_log == "journal" and health.xids == [] and found(health) == []
+    with open(tmp_path / "gpu" / "kernel.log", "a") as fh:
+        fh.write(f"{at:.6f} NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus.\n")
+    assert [(x.code, x.pci) for x in read(tp).xids] == [(79, "0000:3b:00")]

@@ -68,17 +68,20 @@ def test_image_store_name_follows_the_engine_and_the_venv(monkeypatch):
     assert podman_image.image_layer("0.5.23").name.startswith("image-0.5.23-")
 
 
+RDIR = "/var/lib/fleetspec/sglang-qwen/releases/20261203T2230-ddtree-0a1b2c"
+
+
 def test_release_run_options_go_just_before_the_image_and_keep_every_operator_word():
     argv = profiles.PODMAN_ARGV
     run = container_launch.parse_run(argv)
     new = container_launch.with_release(run, run.engine.argv, release_id="20261203T2230-ddtree-0a1b2c",
-                                        root="/var/lib/fleetspec", env={"PYTHONPATH": "/var/lib/fleetspec/current/overlay"})
+                                        release_dir=RDIR, env={"PYTHONPATH": f"{RDIR}/overlay"})
     image_at = new.index(podman_image.image_name("0.5.23"))
     assert new[:run.image_at] == list(argv[:run.image_at])           # the operator's words, in place
     assert new[image_at:] == list(argv[run.image_at:])               # the image and the engine command
     assert new[run.image_at:image_at] == [
         "--pull=never", "--label", "fleetspec.release=20261203T2230-ddtree-0a1b2c",
-        "-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro", "-e", "PYTHONPATH=/var/lib/fleetspec/current/overlay"]
+        "-v", f"{RDIR}:{RDIR}:ro", "-e", f"PYTHONPATH={RDIR}/overlay"]       # the release folder only
     again = container_launch.parse_run(new)                          # podman's own parser rules
     assert again.image == podman_image.image_name("0.5.23") and list(again.engine.argv) == list(run.engine.argv)
     assert again.option("--label") == ["fleetspec.release=20261203T2230-ddtree-0a1b2c"]
@@ -88,8 +91,8 @@ def test_release_refuses_an_operator_pythonpath_it_would_hide():
     argv = [*profiles.PODMAN_RUN[:-1], "-e", "PYTHONPATH=/opt/mine", *profiles.PODMAN_ARGV[len(profiles.PODMAN_RUN) - 1:]]
     run = container_launch.parse_run(argv)
     with pytest.raises(container_launch.LaunchRefused, match="PYTHONPATH"):
-        container_launch.with_release(run, run.engine.argv, release_id="r", root="/var/lib/fleetspec",
-                                      env={"PYTHONPATH": "/var/lib/fleetspec/current/overlay"})
+        container_launch.with_release(run, run.engine.argv, release_id="r", release_dir=RDIR,
+                                      env={"PYTHONPATH": f"{RDIR}/overlay"})
 
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "containers"
@@ -121,7 +124,7 @@ def test_smoke_container_has_the_units_mounts_and_the_release_but_no_name_or_por
     argv = [*profiles.PODMAN_RUN[:-1], "-dit", "-p", "30000:30000", "--restart=always", "--label", "team=a",
             "--gpus", "all", *profiles.PODMAN_ARGV[len(profiles.PODMAN_RUN) - 1:]]
     run = container_launch.parse_run(argv)
-    release = ["--pull=never", "-v", "/var/lib/fleetspec:/var/lib/fleetspec:ro", "-e", "PYTHONPATH=/x/overlay"]
+    release = ["--pull=never", "-v", f"{RDIR}:{RDIR}:ro", "-e", "PYTHONPATH=/x/overlay"]
     smoke = container_launch.smoke_argv(run, release, ["-c", "import sglang"])
     assert smoke[:3] == [profiles.PODMAN, "run", "--rm"]
     assert smoke[-4:] == ["/opt/sglang/venv/bin/python3", podman_image.image_name("0.5.23"), "-c", "import sglang"]

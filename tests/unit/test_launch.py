@@ -141,8 +141,9 @@ def test_serve_form_slices_exactly_what_the_entry_point_parses():
     assert launch.parsed_args(f, f.argv, "0.5.13.post1") == ["--model-path", "q", "--port", "1"]
     with pytest.raises(launch.LaunchRefused, match="stray word"):   # 0.5.13.post1's serve has no positional
         launch.derive(form("/v/bin/sglang serve q --port 1"), T13, FLAGS, version="0.5.13.post1")
-    with pytest.raises(launch.LaunchRefused, match="model-type diffusion"):
+    with pytest.raises(launch.LaunchRefused, match="model-type diffusion") as refused:
         launch.derive(form("/v/bin/sglang serve --model-path q --model-type diffusion"), T23, FLAGS)
+    assert "sglang serve …" not in refused.value.advice      # never the form it refused as the way out
     g = form(f"{PY} -u -m sglang.launch_server --model-path q")
     assert launch.parsed_args(g, g.argv, "0.5.23") == ["--model-path", "q"]
 

@@ -39,7 +39,7 @@ def test_gather_host_is_one_command_and_read_service_refuses_from_it(tmp_path, s
         got = preflight.gather_host(t, host)
         assert len(seen) == 1, seen
         assert set(got) == {"unit", "files", "ledger", "sglang", "torch", "disk", "model", "gpus", "gpu_health",
-                            "missing", "age"}
+                            "missing", "age", "env"}          # env: the manager's environment (busctl)
         assert got["missing"] == [] and got["ledger"] is None and got["disk"].free_bytes > 0
         # no systemd on this machine: the unit fact's own error is raised, as the unbatched read raised it
         assert isinstance(got["unit"], facts.FactError), got["unit"]

@@ -68,7 +68,7 @@ class Load:
 
 def _seat(client, url: str, **kw) -> drain.Seat:
     spec = RouterSpec(name="front", admin_url=client.base, **{"drain_timeout": 10.0, "add_timeout": 30.0, **kw})
-    return drain.Seat(spec, url, {"front": spec})
+    return drain.Seat(spec, url)
 
 
 def _deploy(link, tmp_path, engine, seat, monkeypatch, *, probes_ok: bool = True, seen: dict | None = None,

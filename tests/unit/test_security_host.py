@@ -135,8 +135,31 @@ def test_python_c_keeps_pythonpath_and_falls_back_to_root_when_the_folder_cannot
 
 def test_facts_that_run_python_go_through_the_guarded_start():
     for fact in (torch_fact, sglang_fact):
-        assert fact.command("/x/python3") == files.python_c("/x/python3", fact.SNIPPET)
+        assert fact.command("/x/python3") == files.python_c("/x/python3", fact.SNIPPET, keep=False)
+        assert fact.command("/x/python3", keep=True) == files.python_c("/x/python3", fact.SNIPPET,
+                                                                        env=files.KEEP_CACHE, keep=True)
     assert "PYTHONSAFEPATH=1" in files.python_c("p", "c") and "cd /tmp" not in files.python_c("p", "c")
+
+
+def test_a_python_start_that_keeps_nothing_writes_nothing_on_the_host(t, tmp_path):
+    """status and --plan (keep False) start the host's python from `/`: no run folder made, no trust
+    verdict kept, no bytecode written; a deploy's start (keep True) keeps the verdict."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python3")                 # its own venv: a verdict name of its own
+    pkg = tmp_path / "mods"
+    (pkg / "probe_mod").mkdir(parents=True)
+    (pkg / "probe_mod" / "__init__.py").write_text("X = 1\n")
+    rundir = tmp_path / "state" / "run"
+    kept = set(os.listdir(files.RUN_DIR)) if os.path.isdir(files.RUN_DIR) else set()
+    code = "import os, probe_mod; print(os.getcwd())"
+    r = t.run_script(files.python_c(python, code, env={"PYTHONPATH": str(pkg)}, rundir=str(rundir), keep=False),
+                     timeout=60, check=True)
+    assert r.stdout.split() == ["/"] and not rundir.exists()
+    assert not (pkg / "probe_mod" / "__pycache__").exists()
+    assert (set(os.listdir(files.RUN_DIR)) if os.path.isdir(files.RUN_DIR) else set()) == kept
+    t.run_script(files.python_c(python, code, env={"PYTHONPATH": str(pkg)}, rundir=str(rundir)), timeout=60, check=True)
+    assert rundir.is_dir() and len(set(os.listdir(files.RUN_DIR)) - kept) == 1       # the verdict, kept
 
 
 # 2. Lint scratch ----------------------------------------------------------------------------------

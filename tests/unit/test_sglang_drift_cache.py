@@ -31,9 +31,10 @@ def make_dist(site):
                                  + "sglang-0.5.23.dist-info/RECORD,,\n")
 
 
-def run(site, cache):
+def run(site, cache, keep=True):
     env = {**os.environ, "PYTHONPATH": str(site), "FLEETSPEC_FACT_CACHE": str(cache)}
-    r = subprocess.run(["sh", "-c", fact.command(sys.executable)], capture_output=True, text=True, env=env, cwd=site)
+    r = subprocess.run(["sh", "-c", fact.command(sys.executable, keep=keep)], capture_output=True, text=True, env=env,
+                       cwd=site)
     assert r.returncode == 0, r.stderr
     return fact.parse(r.stdout)
 
@@ -55,6 +56,20 @@ def test_drift_is_found_and_unchanged_files_are_not_rehashed(tmp_path):
     assert run(site, cache).missing == ["sglang/__init__.py"]
 
 
+def test_a_reading_that_keeps_nothing_writes_no_cache_but_reads_one(tmp_path):
+    """status and --plan (keep False) write nothing on the host: no cache folder, no cache file;
+    a cache a deploy kept is still read."""
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    make_dist(site)
+    assert run(site, cache, keep=False).files_hashed == 2 and not cache.exists()
+    run(site, cache)                                                  # a deploy's preflight keeps it
+    kept = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert run(site, cache, keep=False).files_hashed == 0
+    (site / "sglang/srt/server_args.py").write_bytes(b"X = 2\n")
+    assert run(site, cache, keep=False).drift == ["sglang/srt/server_args.py"]
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == kept
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("version", ["0.5.13.post1", "0.5.23"])
 def test_the_real_installs_are_read_as_importlib_metadata_reads_them(version, tmp_path):
@@ -70,7 +85,7 @@ def test_the_real_installs_are_read_as_importlib_metadata_reads_them(version, tm
     env = {**os.environ, "FLEETSPEC_FACT_CACHE": str(tmp_path)}
     env.pop("PYTHONPATH", None)
     for _ in range(2):                         # the first run hashes, the second is the fast path
-        r = subprocess.run(["sh", "-c", fact.command(python)], capture_output=True, text=True, env=env, cwd="/")
+        r = subprocess.run(["sh", "-c", fact.command(python, keep=True)], capture_output=True, text=True, env=env, cwd="/")
         got = fact.parse(r.stdout)
         assert (got.version, got.dist_info, got.files_checked) == (want_version, want_info, want_files)
         assert got.pristine, (got.drift[:5], got.missing[:5])

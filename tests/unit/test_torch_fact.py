@@ -10,9 +10,10 @@ import sys
 from fleetspec.remote.facts import torch as fact
 
 
-def run(cache):
+def run(cache, keep=True):
     env = {**os.environ, "FLEETSPEC_FACT_CACHE": str(cache)}
-    r = subprocess.run(["sh", "-c", fact.command(sys.executable)], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(["sh", "-c", fact.command(sys.executable, keep=keep)], capture_output=True, text=True, env=env,
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     return fact.parse(r.stdout), r.stdout
 
@@ -34,3 +35,13 @@ def test_a_stale_key_is_not_trusted(tmp_path):
     cache_file.write_text(cache_file.read_text().replace('"key": "', '"key": "stale|'))
     again, raw = run(tmp_path)
     assert '"cached"' not in raw and again.version
+
+
+def test_a_reading_that_keeps_nothing_writes_no_cache(tmp_path):
+    """status and --plan (keep False): torch is imported, nothing is written; a kept cache is read."""
+    cache = tmp_path / "cache"
+    first, raw = run(cache, keep=False)
+    assert first.version and '"cached"' not in raw and not cache.exists()
+    run(cache)
+    _, raw = run(cache, keep=False)
+    assert '"cached": true' in raw

@@ -303,6 +303,18 @@ def accumulate(settings: ExecEnvSettings, host: HostEnv,
     return acc, default
 
 
+def service_environment(unit_texts: Sequence[str], host: HostEnv,
+                        specifiers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables the service's process starts with, as exec_child builds them: the manager's
+    environment, Environment=, EnvironmentFile= (each file's contents), less UnsetEnvironment=.
+    A name whose value only systemd knows (PassEnvironment=, a specifier) is there with '' (its
+    name is what a check needs); systemd's own per-service names are left out. EnvFileError
+    (a UnitSyntaxError) for a required file that is missing or unreadable."""
+    acc, _ = accumulate(exec_env_settings(unit_texts, specifiers), host, specifiers)
+    return {name: src.value or "" for name, src in acc.items()
+            if name not in SYSTEMD_SET and (src.value is not None or not src.known)}
+
+
 def expand(argv: Sequence[str], settings: ExecEnvSettings, host: HostEnv,
            specifiers: Mapping[str, str] | None = None) -> Expansion:
     """argv as the process gets it; UnitSyntaxError naming the variable when a value it needs is

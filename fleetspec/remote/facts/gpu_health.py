@@ -215,9 +215,14 @@ def _unread(what: str, lines: list[str], rc: int) -> str:
 
 
 # NVRM: Xid (PCI:0000:19:00): 79, pid=..., GPU has fallen off the bus.  (also "Xid (0000:19:00)")
-XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (?P<code>\d+)")
-DMESG_TIME = re.compile(r"^\[\s*(?P<up>\d+(?:\.\d+)?)\]")
-JOURNAL_TIME = re.compile(r"^(?P<t>\d+(?:\.\d+)?)\s")
+XID = r"(?P<xid>NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (?P<code>\d+))"
+# Only where the kernel's own message starts: right after dmesg's `[uptime]` (and a CONFIG_PRINTK_CALLER
+# `[T123]`), or after journalctl -o short-unix's `<epoch> <host> kernel: `. Anywhere else on a line it
+# is text a user put there: a segfault report prints the mapped file's name as it is
+# (`python3[9]: segfault at 0 ip … in NVRM: Xid (PCI:…): 79, x[7f…+1000]`), and any local user can
+# name a file so and crash a program in it.
+DMESG_XID = re.compile(r"^\[\s*(?P<up>\d+(?:\.\d+)?)\](?:\s*\[\s*[CT]\d+\])?\s*" + XID)
+JOURNAL_XID = re.compile(r"^(?P<t>\d+(?:\.\d+)?)\s+(?:\S+\s+kernel:\s+)?" + XID)
 
 
 def parse_xids(lines: list[str], source: str, boot: float | None) -> list[XidEvent]:
@@ -225,15 +230,14 @@ def parse_xids(lines: list[str], source: str, boot: float | None) -> list[XidEve
     ([seconds since boot] first)."""
     out = []
     for line in lines:
-        found = XID_LINE.search(line)
+        found = (JOURNAL_XID if source == "journal" else DMESG_XID).match(line)
         if not found:
             continue
-        at = None
-        if source == "journal" and (t := JOURNAL_TIME.match(line)):
-            at = float(t.group("t"))
-        elif source == "dmesg" and (t := DMESG_TIME.match(line)) and boot is not None:
-            at = boot + float(t.group("up"))
-        out.append(XidEvent(int(found.group("code")), pci_key(found.group("pci")), at, line[found.start():].strip()))
+        if source == "journal":
+            at: float | None = float(found.group("t"))
+        else:
+            at = boot + float(found.group("up")) if boot is not None else None
+        out.append(XidEvent(int(found.group("code")), pci_key(found.group("pci")), at, line[found.start("xid"):].strip()))
     return out
 
 

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from fleetspec.remote.facts import sglang as sglang_fact
 from fleetspec.remote.facts.sglang import SglangInstall
 
+# FLEETSPEC_CHECK_PATHS (a JSON list, set with -e on the throwaway container): the model paths the
+# new launch names, looked for inside the container, where the engine will open them.
+CHECK_PATHS = "FLEETSPEC_CHECK_PATHS"
 _OWN = (
-    "import importlib.metadata as m, importlib.util as u, json, sys\n"
+    "import importlib.metadata as m, importlib.util as u, json, os, sys\n"
     "def v(n):\n"
     "    try:\n"
     "        return m.version(n)\n"
@@ -25,7 +28,9 @@ _OWN = (
     "        return None\n"
     "s = u.find_spec(\"sglang\")\n"
     "print(json.dumps({\"python\": sys.executable, \"sglang\": v(\"sglang\"), \"torch\": v(\"torch\"),\n"
-    "                  \"sglang_path\": list(s.submodule_search_locations or [None])[0] if s else None}))\n"
+    "                  \"sglang_path\": list(s.submodule_search_locations or [None])[0] if s else None,\n"
+    "                  \"missing\": [p for p in json.loads(os.environ.get(\"FLEETSPEC_CHECK_PATHS\") or \"[]\")\n"
+    "                              if not os.path.exists(p)]}))\n"
 )
 # Two JSON lines: _OWN's, then the sglang fact's (which hashes the paths given after `-c SNIPPET`).
 SNIPPET = _OWN + sglang_fact.SNIPPET
@@ -38,6 +43,7 @@ class ImagePython:
     sglang_path: str | None          # the package's folder, e.g. …/site-packages/sglang
     torch: str | None
     install: SglangInstall           # the image's sglang files against its RECORD; `hashes` of hash_paths
+    missing: tuple[str, ...] = ()    # of the CHECK_PATHS asked for, those not there inside the container
 
 
 def command(argv: tuple[str, ...], hash_paths: tuple[str, ...] = ()) -> str:
@@ -55,5 +61,9 @@ def parse(stdout: str, argv: tuple[str, ...] = (), hash_paths: tuple[str, ...] =
         raise ValueError(f"unexpected output of the image's python: {lines[0][:200]!r}")
     if len(lines) < 2:
         raise ValueError(f"the image's python did not check sglang's files: {stdout.strip()[-200:]!r}")
+    missing = raw.get("missing") or []
+    if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
+        raise ValueError(f"unexpected missing paths from the image's python: {str(missing)[:200]!r}")
     return ImagePython(python=raw["python"], sglang=raw.get("sglang"), sglang_path=raw.get("sglang_path"),
-                       torch=raw.get("torch"), install=sglang_fact.parse(lines[1], raw["python"], hash_paths))
+                       torch=raw.get("torch"), install=sglang_fact.parse(lines[1], raw["python"], hash_paths),
+                       missing=tuple(missing))

@@ -32,8 +32,9 @@ class ReleaseState:
         while the host was drained (or one running now, when locked)."""
         from fleetspec.model import ledger as L
 
-        entry = self.last_router or {}
-        return dict(entry.get("detail") or {}) if entry.get("state") == L.DRAINED else None
+        entry = self.last_router if isinstance(self.last_router, dict) else {}
+        detail = entry.get("detail")             # a line root on the host wrote: any JSON at all
+        return (dict(detail) if isinstance(detail, dict) else {}) if entry.get("state") == L.DRAINED else None
 
     @property
     def interrupted(self) -> str | None:

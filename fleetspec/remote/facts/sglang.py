@@ -10,7 +10,7 @@ import base64
 from dataclasses import dataclass, field
 
 from fleetspec.model import hostjson
-from fleetspec.remote.files import python_c
+from fleetspec.remote.files import KEEP_CACHE, python_c
 
 # Runs in the host's python (3.8+), standard library only; prints one JSON object.
 # Hashing every file of sglang costs seconds of host CPU, so verdicts are cached on the host by
@@ -55,6 +55,8 @@ def find_dist():
     return None
 
 def save(path, value):
+    if os.environ.get("FLEETSPEC_FACT_CACHE_KEEP") != "1":
+        return
     try:
         os.makedirs(CACHE_DIR, exist_ok=True)
         tmp = "%s.%d.tmp" % (path, os.getpid())
@@ -172,13 +174,14 @@ class SglangInstall:
         return self.installed and not self.drift and not self.missing
 
 
-def command(python: str, hash_paths: tuple[str, ...] = ()) -> str:
+def command(python: str, hash_paths: tuple[str, ...] = (), keep: bool = False) -> str:
     """`hash_paths`: paths under site-packages to hash too (preflight's patch-set candidates, read
-    in the same batch although which sglang version, and so which patch set, is not known yet)."""
-    return python_c(python, SNIPPET, args=hash_paths)   # from a root-only folder, never the login folder
+    in the same batch although which sglang version, and so which patch set, is not known yet).
+    `keep`: write the caches (a deploy's preflight); status and --plan only read them."""
+    return python_c(python, SNIPPET, args=hash_paths, env=KEEP_CACHE if keep else None, keep=keep)
 
 
-def parse(stdout: str, python: str = "", hash_paths: tuple[str, ...] = ()) -> SglangInstall:
+def parse(stdout: str, python: str = "", hash_paths: tuple[str, ...] = (), keep: bool = False) -> SglangInstall:
     data = hostjson.loads_object(stdout.strip().splitlines()[-1], "the sglang fact")
     return SglangInstall(
         python=data["python"], python_version=data["python_version"], version=data.get("version"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetspec.model import hostjson
-from fleetspec.remote.files import python_c
+from fleetspec.remote.files import KEEP_CACHE, python_c
 
 # Importing torch costs seconds of host CPU on every preflight, so the build facts (version, CUDA
 # build, C++ ABI, arch list) are cached on the host, keyed by the stat of torch's version.py and
@@ -42,7 +42,7 @@ try:
         out["arch_list"] = torch.cuda.get_arch_list() if out["cuda_available"] else []
     except Exception:
         out["cuda_available"] = False
-    if key and cache_file:
+    if key and cache_file and os.environ.get("FLEETSPEC_FACT_CACHE_KEEP") == "1":
         try:
             os.makedirs(CACHE_DIR, exist_ok=True)
             tmp = "%s.%d.tmp" % (cache_file, os.getpid())
@@ -72,11 +72,12 @@ class TorchInfo:
         return self.version is not None
 
 
-def command(python: str) -> str:
-    return python_c(python, SNIPPET)     # from a root-only folder, never the login folder (files.python_c)
+def command(python: str, keep: bool = False) -> str:
+    """`keep`: write the cache (a deploy's preflight); status and --plan only read it."""
+    return python_c(python, SNIPPET, env=KEEP_CACHE if keep else None, keep=keep)   # never from the login folder
 
 
-def parse(stdout: str, python: str = "") -> TorchInfo:
+def parse(stdout: str, python: str = "", keep: bool = False) -> TorchInfo:
     d = hostjson.loads_object(stdout.strip().splitlines()[-1], "the torch fact")
     return TorchInfo(python_tag=d["python_tag"], version=d.get("version"), cuda=d.get("cuda"),
                      cxx11_abi=d.get("cxx11_abi"), cuda_available=bool(d.get("cuda_available")),
