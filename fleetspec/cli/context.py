@@ -16,6 +16,7 @@ class Context:
     root: str | None = None
     inventory: str | None = None
     accept_new_host_key: bool = False
+    no_color: bool = False          # --no-color (NO_COLOR is read where output is styled: cli/terminal.styled)
 
     @cached_property
     def root_path(self) -> Path:

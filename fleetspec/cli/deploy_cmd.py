@@ -66,7 +66,7 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
     if stage_only:
         _refuse_with_stage_only(plan=plan_only, prestage=prestage, canary=canary,
                                 rollback_all_on_abort=rollback_all_on_abort)
-    hosts = obj.select(targets, all_hosts)
+    hosts = obj.select(targets, all_hosts)      # --all with named hosts is refused there
     playbook = load_playbook_for(obj.root_path, algo)
     if waive_gpu:                         # for this run, as if the playbook's gpu_health.waive listed them
         playbook = dataclasses.replace(playbook, gpu_waive=tuple(dict.fromkeys([*playbook.gpu_waive, *waive_gpu])))
@@ -75,7 +75,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
                                     parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,
                                     prestage=prestage)
     if not plan_only and not stage_only and not yes and sys.stdin.isatty():
-        click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
+        click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)} (inventory {obj.inventory_path})?",
+                      abort=True)
     progress = Progress(enabled=not as_json)
     if stage_only:                        # nothing live changes: no question asked
         outcomes = fleet.stage_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
@@ -89,8 +90,10 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
     progress.line(None)
     if as_json:
         for o in outcomes:
-            echo(json.dumps(o.to_json(), default=str, sort_keys=True))
+            row = {**o.to_json(), "inventory": str(obj.inventory_path)} if plan_only else o.to_json()
+            echo(json.dumps(row, default=str, sort_keys=True))
     elif plan_only:
+        echo(f"inventory: {obj.inventory_path}")
         for o in outcomes:
             _print_plan(o)
     else:

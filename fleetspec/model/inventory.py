@@ -152,8 +152,23 @@ class Inventory:
         return [self.hosts[n] for n in sorted(wanted, key=order.index)]
 
 
+INVENTORY_SUFFIXES = (".yaml", ".yml", ".ini")
+
+
+def inventory_files(inv_dir: Path) -> list[Path]:
+    """The inventories a bare command could mean: each YAML or INI file directly in inventory/,
+    but the examples (`example-*`)."""
+    if not inv_dir.is_dir():
+        return []
+    return sorted(p for p in inv_dir.iterdir()
+                  if p.suffix in INVENTORY_SUFFIXES and p.is_file() and not p.name.startswith("example"))
+
+
 def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
-    """-i NAME|PATH > $FLEETSPEC_INVENTORY > inventory/lab.yaml > inventory/production.yaml."""
+    """-i NAME|PATH > $FLEETSPEC_INVENTORY > the one inventory in inventory/. Never a silent
+    choice: with several there (lab.yaml beside production.yaml, both naming ct129), or none, it
+    refuses and names them; the lab's `lab down` removing lab.yaml then never turns a bare
+    command onto production unless production is the only inventory left."""
     name = name or os.environ.get("FLEETSPEC_INVENTORY")
     inv_dir = Path(root) / "inventory"
     if name:
@@ -165,10 +180,14 @@ def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
             if candidate.is_file():
                 return candidate.resolve()
         raise UserError(f"inventory {name!r} not found (looked in {inv_dir} and as a path)")
-    for default in ("lab.yaml", "production.yaml"):
-        if (inv_dir / default).is_file():
-            return (inv_dir / default).resolve()
-    raise UserError(f"no inventory: {inv_dir} has neither lab.yaml nor production.yaml (use -i)")
+    found = inventory_files(inv_dir)
+    if len(found) == 1:
+        return found[0].resolve()
+    if not found:
+        raise UserError(f"no inventory: {inv_dir} has no .yaml, .yml or .ini file (write one, or use -i PATH)")
+    names = ", ".join(p.name for p in found)
+    raise UserError(f"{inv_dir} has {len(found)} inventories ({names}): name one with -i "
+                    f"(e.g. -i {found[0].stem}) or FLEETSPEC_INVENTORY")
 
 
 def load_inventory(path: str | Path) -> Inventory:
