@@ -221,7 +221,7 @@ def unlock(obj, host, force):
     from fleetspec.model.layout import HostLayout
     from fleetspec.remote.lock import force_unlock
 
-    h = obj.select([host], False)[0]
+    h = obj.select_one(host, "unlock")
     holder = force_unlock(obj.transport(h), str(HostLayout(h.vars.service).lock))
     echo(f"{h.name}: unlocked (was held by {holder.describe()})" if holder else f"{h.name}: not locked")
 
@@ -238,7 +238,7 @@ def baseline(obj, host, retake):
     """
     from fleetspec.ops.baseline import retake as do_retake
 
-    h = obj.select([host], False)[0]
+    h = obj.select_one(host, "baseline")
     echo(do_retake(obj.transport(h), h, obj.root_path))
 
 

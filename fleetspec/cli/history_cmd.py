@@ -208,7 +208,7 @@ def history(obj, host, release, as_json, limit):
     """
     from fleetspec.ops import history as ops
 
-    h = obj.select([host], False)[0]
+    h = obj.select_one(host, "history")
     got = ops.read_ledger(obj.transport(h), h, obj.root_path)
     if got.warning:
         echo(f"warning: {got.warning}", err=True)

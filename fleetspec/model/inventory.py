@@ -127,29 +127,17 @@ class Inventory:
         return spec.worker_for(host.name, host.address, host.vars.api_port) if spec else None
 
     def select(self, tokens: Iterable[str] = (), all_hosts: bool = False) -> list[Host]:
-        """Hosts named by `name`, `@group` or all of them, in inventory order, each once."""
+        """Hosts named by host patterns (model/hostpattern.py: `name`, `@group`, globs, ranges,
+        `!`/`&` terms) or all of them, in inventory order, each once."""
+        from fleetspec.model import hostpattern
+
         tokens = list(tokens)
         if all_hosts:
             return list(self.hosts.values())
-        wanted: list[str] = []
-        for token in tokens:
-            if token.startswith("@"):
-                group = token[1:]
-                if group == "all":
-                    names = list(self.hosts)
-                elif group in self.groups:
-                    names = list(self.groups[group])
-                else:
-                    known = ", ".join("@" + g for g in self.groups) or "none"
-                    raise UserError(f"unknown group {token!r} in {self.path} (groups: {known})")
-            elif token in self.hosts:
-                names = [token]
-            else:
-                known = ", ".join(self.hosts) or "none"
-                raise UserError(f"unknown host {token!r} in {self.path} (hosts: {known})")
-            wanted.extend(n for n in names if n not in wanted)
-        order = list(self.hosts)
-        return [self.hosts[n] for n in sorted(wanted, key=order.index)]
+        if not tokens:
+            return []
+        names = hostpattern.select(tokens, list(self.hosts), self.groups, str(self.path))
+        return [self.hosts[n] for n in names]
 
 
 INVENTORY_SUFFIXES = (".yaml", ".yml", ".ini")

@@ -248,7 +248,9 @@ def _argv_of(show: str) -> str:
 
 
 def status(root, host) -> dict:
-    r = fs(root, "status", host, "--json", check_rc=0, timeout=120)
+    """The host's status row (exit 3 is a host down or unhealthy: still a row to look at)."""
+    r = fs(root, "status", host, "--json", timeout=120)
+    assert r.returncode in (0, 3), f"status {host} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
