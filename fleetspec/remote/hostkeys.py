@@ -23,21 +23,41 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + b64encode(sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
-def _known_hosts_lines(path: Path) -> paramiko.HostKeys:
+def _known_hosts_lines(path: Path) -> tuple[paramiko.HostKeys, list[known_hosts_file.Marked]]:
+    """The file's plain keys (paramiko's HostKeys) and its @revoked / @cert-authority lines
+    (model/known_hosts.py; paramiko cannot read those)."""
     keys = paramiko.HostKeys()
+    marked: list[known_hosts_file.Marked] = []
     if path.is_file():
         try:
-            keys.load(str(path))
-        except (OSError, paramiko.SSHException) as err:
+            plain, marked = known_hosts_file.split_marked(path.read_text(errors="replace"))
+        except OSError as err:
             raise HostKeyError(f"cannot read known_hosts {path}: {err}") from None
-    return keys
+        for n, line in enumerate(plain, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(text, n)
+            except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
+                continue                  # as paramiko's own load: a line it cannot read names no key
+            if entry is not None:
+                for h in entry.hostnames:
+                    keys.add(h, entry.key.get_name(), entry.key)
+    return keys, marked
 
 
 def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path | None, accept_new: bool) -> None:
-    """Refuse a changed key always; an unknown one unless accept_new (then record it)."""
+    """Refuse a revoked key (`@revoked`) and a changed key always; an unknown one unless
+    accept_new (then record it). A host known only through `@cert-authority` is refused saying
+    so: fleetspec checks host keys, not host certificates."""
     if known_hosts is None:
         raise HostKeyError(f"{label}: no known_hosts file configured in the inventory; refusing {name}")
-    keys = _known_hosts_lines(known_hosts)
+    keys, marked = _known_hosts_lines(known_hosts)
+    for m in marked:
+        if m.marker == "@revoked" and m.keytype == key.get_name() and m.key == key.get_base64():
+            raise HostKeyError(f"{label}: host key of {name} ({key.get_name()} {fingerprint(key)}) is marked "
+                               f"@revoked in {known_hosts} line {m.line}; refusing to connect")
     entry = keys.lookup(name)
     if entry:
         known = entry.get(key.get_name())
@@ -48,6 +68,13 @@ def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path 
                 f"{label}: host key for {name} CHANGED (now {key.get_name()} {fingerprint(key)}), "
                 f"not what {known_hosts} records; refusing to connect")
     if not accept_new:
+        ca = next((m for m in marked if m.marker == "@cert-authority" and known_hosts_file.host_matches(m.hosts, name)),
+                  None)
+        if ca is not None:
+            raise HostKeyError(
+                f"{label}: {name} is trusted in {known_hosts} only through @cert-authority (line {ca.line}); "
+                f"fleetspec checks host keys, not host certificates: add the host's own key line "
+                f"({_keyscan(name, key.get_name())}) or use accept-new")
         raise HostKeyError(
             f"{label}: unknown host key for {name} ({key.get_name()} {fingerprint(key)}) not in {known_hosts}; "
             f"use host_key_policy: accept-new or --accept-new-host-key to trust it")
@@ -59,6 +86,12 @@ def check_host_key(label: str, name: str, key: paramiko.PKey, known_hosts: Path 
         fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a") as f:
             f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+def _keyscan(name: str, keytype: str) -> str:
+    """The ssh-keyscan command line that prints `name`'s key (`[addr]:port` or a bare address)."""
+    address, _, port = name[1:].partition("]:") if name.startswith("[") else (name, "", "")
+    return f"ssh-keyscan -t {keytype}{' -p ' + port if port else ''} {address}"
 
 
 _KH_LOCK = threading.Lock()
