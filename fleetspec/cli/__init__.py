@@ -43,7 +43,7 @@ class FleetspecGroup(click.Group):
             echo(f"fleetspec: {err}", err=True)
             sys.exit(err.exit_code)
         except (click.exceptions.Abort, KeyboardInterrupt):
-            from fleetspec.cli.output import echo   # a prompt answered no, or Ctrl-C: exit 5, not click's 1
+            from fleetspec.cli.output import echo  # a prompt answered no, or Ctrl-C: exit 5, not click's 1
 
             echo("fleetspec: aborted", err=True)
             sys.exit(DECLINED)

@@ -88,21 +88,26 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
                                       pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"),
                                       seats=drain.seats(obj.inv, hosts))
     progress.line(None)
-    if as_json:
-        for o in outcomes:
-            row = {**o.to_json(), "inventory": str(obj.inventory_path)} if plan_only else o.to_json()
-            echo(json.dumps(row, default=str, sort_keys=True))
-    elif plan_only:
-        echo(f"inventory: {obj.inventory_path}")
-        for o in outcomes:
-            _print_plan(o)
-    else:
-        _print_deploy_summary(outcomes)
+    _print_outcomes(outcomes, as_json, plan_only, obj.inventory_path)
     staged = [o.host for o in outcomes if o.status == "staged"]
     if staged and not as_json:
         echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
              "(nothing sent, its smoke verdict kept)")
     sys.exit(max((o.exit_code for o in outcomes), default=0))
+
+
+def _print_outcomes(outcomes, as_json: bool, plan_only: bool, inventory) -> None:
+    """JSON lines, the plans (naming the inventory they come from) or the summary table."""
+    if as_json:
+        for o in outcomes:
+            row = {**o.to_json(), "inventory": str(inventory)} if plan_only else o.to_json()
+            echo(json.dumps(row, default=str, sort_keys=True))
+    elif plan_only:
+        echo(f"inventory: {inventory}")
+        for o in outcomes:
+            _print_plan(o)
+    else:
+        _print_deploy_summary(outcomes)
 
 
 def _refuse_with_stage_only(**given) -> None:

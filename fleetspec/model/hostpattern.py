@@ -46,7 +46,7 @@ def split(targets: Iterable[str]) -> list[str]:
     return terms
 
 
-def _range_values(m: re.Match) -> list[str]:
+def _range_values(m: re.Match[str]) -> list[str]:
     start, end, step = m.group(1), m.group(2), int(m.group(3) or 1)
     if start.isdigit() != end.isdigit() or step < 1:
         raise UserError(f"range {m.group(0)!r}: expected [N:M] or [a:z] with an optional :STEP >= 1")
@@ -63,7 +63,7 @@ def _range_values(m: re.Match) -> list[str]:
     return [chr(c) for c in range(ord(start), ord(end) + 1, step)]
 
 
-def _regex(term: str) -> re.Pattern:
+def _regex(term: str) -> re.Pattern[str]:
     """A glob with ranges as one regular expression over host names."""
     out, i = "", 0
     for m in _RANGE.finditer(term):

@@ -98,7 +98,7 @@ def host_matches(patterns: str, name: str) -> bool:
     return hit
 
 
-def _glob(pattern: str) -> re.Pattern:
+def _glob(pattern: str) -> re.Pattern[str]:
     """OpenSSH's wildcards: only `*` and `?` (brackets are literal, as in `[host]:port`)."""
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern),
                       re.IGNORECASE)

@@ -370,22 +370,15 @@ class WatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 every host ok; else as one look would say (`exit_code`), and a host still loading
-        when the deadline passed timed out (4)."""
-        if self.all_ok:
-            return errors.OK
-        return exit_code(self.rows) or errors.UNREACHABLE
+        """0 every host ok; else as `exit_code` says, a host still loading at the deadline timed out (4)."""
+        return errors.OK if self.all_ok else exit_code(self.rows) or errors.UNREACHABLE
 
 
-def exit_code(rows: Iterable[HostStatus]) -> int:
-    """`status`'s exit code (errors.EXIT_CODES): 4 a host unreachable, 3 a host down or unhealthy
-    (look at it), 0 otherwise: ok, or loading within its ready timeout (on its way)."""
-    rows = list(rows)
+def exit_code(rows: list[HostStatus]) -> int:
+    """errors.EXIT_CODES: 4 a host unreachable, 3 one down or unhealthy, else 0 (ok, or loading: on its way)."""
     if any(not r.reachable for r in rows):
         return errors.UNREACHABLE
-    if any(r.health in (DOWN, UNHEALTHY) for r in rows):
-        return errors.NEEDS_ATTENTION
-    return errors.OK
+    return errors.NEEDS_ATTENTION if any(r.health in (DOWN, UNHEALTHY) for r in rows) else errors.OK
 
 
 def watch(pool, hosts: Iterable[Host], deadline_s: float, interval: float = 2.0, workers: int = DEFAULT_WORKERS,

@@ -86,3 +86,12 @@ def test_no_color_leaves_no_bold_or_dim(root, how):
     assert r.exit_code == 4 and "unreachable" in r.output and "\x1b[" not in r.output, repr(r.output)
     styled = CliRunner().invoke(main, ["--root", str(root), "status"], env={"FORCE_COLOR": "1", "COLUMNS": "120"})
     assert "\x1b[" in styled.output                                          # styles are on otherwise
+
+
+def test_the_plan_names_the_inventory(root):
+    """`--plan` says which inventory it read, in text and in JSON (the host is unreachable: exit 4)."""
+    path = root / "inventory" / "lab.yaml"
+    r = CliRunner().invoke(main, ["--root", str(root), "deploy", "a", "--algo", "nextn", "--plan"])
+    assert r.exit_code == 4 and f"inventory: {path}" in r.output, r.output
+    r = CliRunner().invoke(main, ["--root", str(root), "deploy", "a", "--algo", "nextn", "--plan", "--json"])
+    assert f'"inventory": "{path}"' in r.output, r.output
