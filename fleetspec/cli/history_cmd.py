@@ -3,7 +3,7 @@ steps as a timeline of bars, cli/timeline.py, then each step's details).
 
 Layout only (the folding of ledger lines is ops/history.py). Every line is wrapped at spaces to
 the terminal's width and no word is ever cut: a value longer than the width overflows whole.
-Colour only on a TTY, never with NO_COLOR (rich's Console decides both).
+Colour only on a TTY, never with NO_COLOR or --no-color (cli/terminal.styled).
 """
 
 from __future__ import annotations
