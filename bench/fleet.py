@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ["FLEETSPEC_INVENTORY"] = "lab"   # the lab's own inventory, named (a production.yaml beside it refuses a bare one)
 sys.path.insert(0, str(ROOT))
 
 from bench import scaling

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ["FLEETSPEC_INVENTORY"] = "lab"   # the lab's own inventory, named (a production.yaml beside it refuses a bare one)
 sys.path.insert(0, str(ROOT))
 HOST, OTHER = "ct129", "ct200"
 HERE = Path(__file__).resolve().parent / "ansible"

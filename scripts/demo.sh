@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 # the demo's hosts run bare units: the container hosts' image (a 2.8 GB import) is not built for it
 FLEETSPEC_LAB_CONTAINERS=${FLEETSPEC_LAB_CONTAINERS:-0} bash scripts/setup.sh
 fleetspec lab up --hosts ct129,ct200
-fleetspec status --all
+fleetspec -i lab status --all
 echo "demo: gate figures below come from the lab's stand-in engine: stand-in figures, never GPU results"
-fleetspec deploy ct129 --algo ddtree --yes
-fleetspec status --all
-echo "Next: fleetspec history ct129; fleetspec rollback ct129; fleetspec lab down"
+fleetspec -i lab deploy ct129 --algo ddtree --yes
+fleetspec -i lab status --all
+echo "Next: fleetspec -i lab history ct129; fleetspec -i lab rollback ct129; fleetspec lab down"

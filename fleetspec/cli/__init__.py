@@ -9,7 +9,9 @@ import sys
 
 import click
 
-from fleetspec.errors import FleetspecError
+from fleetspec.errors import DECLINED, FleetspecError, exit_code_lines
+
+EPILOG = "\b\nExit codes (every command):\n" + "\n".join("  " + line for line in exit_code_lines())
 
 
 class FleetspecGroup(click.Group):
@@ -40,19 +42,26 @@ class FleetspecGroup(click.Group):
 
             echo(f"fleetspec: {err}", err=True)
             sys.exit(err.exit_code)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            from fleetspec.cli.output import echo  # a prompt answered no, or Ctrl-C: exit 5, not click's 1
+
+            echo("fleetspec: aborted", err=True)
+            sys.exit(DECLINED)
 
 
-@click.group(cls=FleetspecGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=FleetspecGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.option("--root", envvar="FLEETSPEC_ROOT", type=click.Path(file_okay=False), default=None,
               help="Fleet root (folder with inventory/, playbooks/, templates/). Default: walk up from here.")
 @click.option("-i", "--inventory", envvar="FLEETSPEC_INVENTORY", default=None,
-              help="Inventory name in inventory/ or a path. Default: lab.yaml, then production.yaml.")
+              help="Inventory name in inventory/ or a path. Default: the one inventory in inventory/ "
+                   "(refused when there are several).")
 @click.option("--accept-new-host-key", is_flag=True, help="Trust and record host keys never seen before.")
+@click.option("--no-color", is_flag=True, help="No colour, bold or dim in the output (as NO_COLOR=1 does).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Print every remote command (secrets redacted) with its duration and exit code, to stderr.")
 @click.version_option(package_name="fleetspec")
 @click.pass_context
-def main(ctx, root, inventory, accept_new_host_key, verbose):
+def main(ctx, root, inventory, accept_new_host_key, no_color, verbose):
     """Deploy speculative-decoding changes to SGLang hosts, prove them, and roll them back.
 
     \b
@@ -73,7 +82,7 @@ def main(ctx, root, inventory, accept_new_host_key, verbose):
     # paramiko logs every refused direct-tcpip channel while a model loads; probes report those.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
-    ctx.obj = Context(root=root, inventory=inventory, accept_new_host_key=accept_new_host_key)
+    ctx.obj = Context(root=root, inventory=inventory, accept_new_host_key=accept_new_host_key, no_color=no_color)
     if verbose:
         from fleetspec.cli.output import verbose_observer
         from fleetspec.remote import transport

@@ -34,7 +34,7 @@ def bench(obj, host, algos, concurrency, requests, max_new_tokens, as_json):
     """Deploy each algo in turn (probes, no gates), measure it, and put the host back."""
     from fleetspec.ops.bench import bench_host
 
-    h = obj.select([host])[0]
+    h = obj.select_one(host, "bench")
     runs = _runs(obj, algos)
     progress = Progress(enabled=not as_json)
     rows = bench_host(obj.transport(h), h, obj.root_path, runs, concurrency=concurrency, requests=requests,

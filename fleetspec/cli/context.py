@@ -16,6 +16,7 @@ class Context:
     root: str | None = None
     inventory: str | None = None
     accept_new_host_key: bool = False
+    no_color: bool = False          # --no-color (NO_COLOR is read where output is styled: cli/terminal.styled)
 
     @cached_property
     def root_path(self) -> Path:
@@ -37,15 +38,31 @@ class Context:
         return load_inventory(self.inventory_path)
 
     def select(self, tokens=(), all_hosts: bool = False, default_all: bool = False) -> list:
-        """Hosts named by HOST / @group / --all; nothing named is an error unless default_all."""
+        """Hosts named by host patterns (model/hostpattern.py) / --all; nothing named is an error
+        unless default_all. --all beside named hosts is refused: one of them is a mistake."""
         from fleetspec.errors import UserError
 
         tokens = list(tokens)
+        if all_hosts and tokens:
+            raise UserError(f"--all selects every host of {self.inventory_path}; it cannot be combined with "
+                            f"{' '.join(tokens)}: drop --all or the names")
         if not tokens and not all_hosts:
             if not default_all:
                 raise UserError(f"name hosts (HOST or @group) or pass --all (inventory {self.inventory_path})")
             all_hosts = True
         return self.inv.select(tokens, all_hosts=all_hosts)
+
+    def select_one(self, token: str, command: str):
+        """The one host a single-host command acts on: a host name, never a group or a pattern
+        that names several (the command would otherwise act on the first without saying so)."""
+        from fleetspec.errors import UserError
+
+        if token in self.inv.hosts and token not in self.inv.groups:
+            return self.inv.hosts[token]
+        hosts = self.inv.select([token])
+        names = ", ".join(h.name for h in hosts[:4]) + (", …" if len(hosts) > 4 else "")
+        raise UserError(f"{command} acts on one host; {token!r} names {len(hosts)} ({names}) in "
+                        f"{self.inventory_path}: name one host")
 
     @cached_property
     def pool(self):

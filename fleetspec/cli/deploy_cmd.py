@@ -66,7 +66,7 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
     if stage_only:
         _refuse_with_stage_only(plan=plan_only, prestage=prestage, canary=canary,
                                 rollback_all_on_abort=rollback_all_on_abort)
-    hosts = obj.select(targets, all_hosts)
+    hosts = obj.select(targets, all_hosts)      # --all with named hosts is refused there
     playbook = load_playbook_for(obj.root_path, algo)
     if waive_gpu:                         # for this run, as if the playbook's gpu_health.waive listed them
         playbook = dataclasses.replace(playbook, gpu_waive=tuple(dict.fromkeys([*playbook.gpu_waive, *waive_gpu])))
@@ -75,7 +75,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
                                     parallel=parallel, rollback_all_on_abort=rollback_all_on_abort,
                                     prestage=prestage)
     if not plan_only and not stage_only and not yes and sys.stdin.isatty():
-        click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)}?", abort=True)
+        click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)} (inventory {obj.inventory_path})?",
+                      abort=True)
     progress = Progress(enabled=not as_json)
     if stage_only:                        # nothing live changes: no question asked
         outcomes = fleet.stage_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
@@ -87,19 +88,26 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
                                       pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"),
                                       seats=drain.seats(obj.inv, hosts))
     progress.line(None)
-    if as_json:
-        for o in outcomes:
-            echo(json.dumps(o.to_json(), default=str, sort_keys=True))
-    elif plan_only:
-        for o in outcomes:
-            _print_plan(o)
-    else:
-        _print_deploy_summary(outcomes)
+    _print_outcomes(outcomes, as_json, plan_only, obj.inventory_path)
     staged = [o.host for o in outcomes if o.status == "staged"]
     if staged and not as_json:
         echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
              "(nothing sent, its smoke verdict kept)")
     sys.exit(max((o.exit_code for o in outcomes), default=0))
+
+
+def _print_outcomes(outcomes, as_json: bool, plan_only: bool, inventory) -> None:
+    """JSON lines, the plans (naming the inventory they come from) or the summary table."""
+    if as_json:
+        for o in outcomes:
+            row = {**o.to_json(), "inventory": str(inventory)} if plan_only else o.to_json()
+            echo(json.dumps(row, default=str, sort_keys=True))
+    elif plan_only:
+        echo(f"inventory: {inventory}")
+        for o in outcomes:
+            _print_plan(o)
+    else:
+        _print_deploy_summary(outcomes)
 
 
 def _refuse_with_stage_only(**given) -> None:
@@ -218,7 +226,7 @@ def unlock(obj, host, force):
     from fleetspec.model.layout import HostLayout
     from fleetspec.remote.lock import force_unlock
 
-    h = obj.select([host], False)[0]
+    h = obj.select_one(host, "unlock")
     holder = force_unlock(obj.transport(h), str(HostLayout(h.vars.service).lock))
     echo(f"{h.name}: unlocked (was held by {holder.describe()})" if holder else f"{h.name}: not locked")
 
@@ -235,7 +243,7 @@ def baseline(obj, host, retake):
     """
     from fleetspec.ops.baseline import retake as do_retake
 
-    h = obj.select([host], False)[0]
+    h = obj.select_one(host, "baseline")
     echo(do_retake(obj.transport(h), h, obj.root_path))
 
 

@@ -3,7 +3,7 @@ steps as a timeline of bars, cli/timeline.py, then each step's details).
 
 Layout only (the folding of ledger lines is ops/history.py). Every line is wrapped at spaces to
 the terminal's width and no word is ever cut: a value longer than the width overflows whole.
-Colour only on a TTY, never with NO_COLOR (rich's Console decides both).
+Colour only on a TTY, never with NO_COLOR or --no-color (cli/terminal.styled).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def history(obj, host, release, as_json, limit):
     """
     from fleetspec.ops import history as ops
 
-    h = obj.select([host], False)[0]
+    h = obj.select_one(host, "history")
     got = ops.read_ledger(obj.transport(h), h, obj.root_path)
     if got.warning:
         echo(f"warning: {got.warning}", err=True)

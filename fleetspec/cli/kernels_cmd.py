@@ -61,7 +61,7 @@ def build(ctx, sources, out, cache, verbose, cuda, arch, torch_root, cuda_home, 
         raise UserError("--torch-root and --cuda-home go together, with --cuda and --arch")
     if on_host is not None and (torch_root is not None or out is not None):
         raise UserError("--on builds on the host: not with --torch-root, --cuda-home or --out")
-    host = ctx.obj.select([on_host])[0] if on_host is not None else None
+    host = ctx.obj.select_one(on_host, "kernels build --on") if on_host is not None else None
     for folder in folders:
         if host is not None:
             from fleetspec.build.kernel_on_host import build_on_host

@@ -8,7 +8,7 @@ import threading
 
 import click
 
-from fleetspec.cli.terminal import safe
+from fleetspec.cli.terminal import safe, styled
 
 
 def echo(message="", err: bool = False, file=None, nl: bool = True) -> None:
@@ -73,18 +73,21 @@ def wrap(text: str, width: int, indent: str = "", first: str | None = None) -> l
 
 
 class Out:
-    """Prints plain text lines, colouring a leading span when the console allows it."""
+    """Prints plain text lines, colouring a leading span when the console allows it (a terminal,
+    and neither NO_COLOR nor --no-color: cli/terminal.styled)."""
 
     def __init__(self):
         from rich.console import Console
         from rich.text import Text
 
-        self.console, self.Text = Console(highlight=False, soft_wrap=True), Text
+        self.styles = styled()
+        self.console = Console(highlight=False, soft_wrap=True, no_color=not self.styles)
+        self.Text = Text
         self.width = self.console.width
 
     def line(self, text: str = "", style_spans=()) -> None:
         t = self.Text(safe(text))
-        for start, end, style in style_spans:
+        for start, end, style in style_spans if self.styles else ():
             t.stylize(style, start, end)
         self.console.print(t, soft_wrap=True)
 

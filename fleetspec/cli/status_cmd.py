@@ -23,7 +23,7 @@ STYLES = {"ok": "green", "active": "green", "active/running": "green", "pristine
               help="Hosts queried at the same time.")
 @click.option("--watch", is_flag=True,
               help="Refresh until every host's health is ok (exit 0) or --deadline passes "
-                   "(exit 4: some still loading; exit 1: some down, unhealthy or unreachable).")
+                   "(exit 4: a host unreachable or still loading; exit 3: a host down or unhealthy).")
 @click.option("--deadline", type=click.FloatRange(min=0), default=900, show_default=True,
               help="Seconds --watch waits at most.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
@@ -37,15 +37,16 @@ def status(obj, targets, all_hosts, as_json, workers, watch, deadline, interval)
     Health is ok (/health 200), loading (the unit is starting or running and the port does not
     answer yet, within the host's ready timeout), down (the unit failed or is inactive, or the
     port still does not answer past the ready timeout) or unhealthy (answering, /health not 200).
+    Exit 4 when a host is unreachable, 3 when one is down or unhealthy, else 0.
     """
-    from fleetspec.ops.status import fleet_status
+    from fleetspec.ops.status import exit_code, fleet_status
     from fleetspec.ops.status import watch as do_watch
 
     hosts = obj.select(targets, all_hosts, default_all=True)
     if not watch:
         rows = fleet_status(obj.pool, hosts, workers=workers)
         _emit(rows, as_json)
-        return
+        sys.exit(exit_code(rows))
     tty = sys.stdout.isatty() and not as_json
 
     def on_round(rows, elapsed):

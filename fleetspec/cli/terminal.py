@@ -3,10 +3,14 @@ ledger line, a journal line, a lock holder's record) may carry escape sequences.
 CSI sequences, and only when not on a terminal; OSC 52 (set the clipboard), OSC 8 (links), a bare
 ESC, C1 controls (U+0080-U+009F, e.g. U+009B, a one-character CSI) and bidirectional overrides
 would reach the screen. Every line fleetspec prints goes through `safe` (cli/output.py's `echo`,
-`Out`, `Progress`): such characters are shown as `\\xNN` / `\\uNNNN`, newline and tab are kept."""
+`Out`, `Progress`): such characters are shown as `\\xNN` / `\\uNNNN`, newline and tab are kept.
+
+Styles (colour, bold, dim) are used only where `styled()` allows: never under `NO_COLOR` (any
+non-empty value, as no-color.org asks) or `--no-color`. rich alone drops only the colours there."""
 
 from __future__ import annotations
 
+import os
 import re
 
 # C0 but newline and tab, DEL, C1; the bidirectional embeddings, overrides and isolates.
@@ -21,3 +25,14 @@ def _shown(m: re.Match) -> str:
 def safe(text: str) -> str:
     """`text` with every control character but newline and tab made visible."""
     return _UNSAFE.sub(_shown, text)
+
+
+def styled() -> bool:
+    """Whether output may carry styles: not under NO_COLOR or the root command's --no-color."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return not getattr(obj, "no_color", False)

@@ -127,33 +127,36 @@ class Inventory:
         return spec.worker_for(host.name, host.address, host.vars.api_port) if spec else None
 
     def select(self, tokens: Iterable[str] = (), all_hosts: bool = False) -> list[Host]:
-        """Hosts named by `name`, `@group` or all of them, in inventory order, each once."""
+        """Hosts named by host patterns (model/hostpattern.py: `name`, `@group`, globs, ranges,
+        `!`/`&` terms) or all of them, in inventory order, each once."""
+        from fleetspec.model import hostpattern
+
         tokens = list(tokens)
         if all_hosts:
             return list(self.hosts.values())
-        wanted: list[str] = []
-        for token in tokens:
-            if token.startswith("@"):
-                group = token[1:]
-                if group == "all":
-                    names = list(self.hosts)
-                elif group in self.groups:
-                    names = list(self.groups[group])
-                else:
-                    known = ", ".join("@" + g for g in self.groups) or "none"
-                    raise UserError(f"unknown group {token!r} in {self.path} (groups: {known})")
-            elif token in self.hosts:
-                names = [token]
-            else:
-                known = ", ".join(self.hosts) or "none"
-                raise UserError(f"unknown host {token!r} in {self.path} (hosts: {known})")
-            wanted.extend(n for n in names if n not in wanted)
-        order = list(self.hosts)
-        return [self.hosts[n] for n in sorted(wanted, key=order.index)]
+        if not tokens:
+            return []
+        names = hostpattern.select(tokens, list(self.hosts), self.groups, str(self.path))
+        return [self.hosts[n] for n in names]
+
+
+INVENTORY_SUFFIXES = (".yaml", ".yml", ".ini")
+
+
+def inventory_files(inv_dir: Path) -> list[Path]:
+    """The inventories a bare command could mean: each YAML or INI file directly in inventory/,
+    but the examples (`example-*`)."""
+    if not inv_dir.is_dir():
+        return []
+    return sorted(p for p in inv_dir.iterdir()
+                  if p.suffix in INVENTORY_SUFFIXES and p.is_file() and not p.name.startswith("example"))
 
 
 def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
-    """-i NAME|PATH > $FLEETSPEC_INVENTORY > inventory/lab.yaml > inventory/production.yaml."""
+    """-i NAME|PATH > $FLEETSPEC_INVENTORY > the one inventory in inventory/. Never a silent
+    choice: with several there (lab.yaml beside production.yaml, both naming ct129), or none, it
+    refuses and names them; the lab's `lab down` removing lab.yaml then never turns a bare
+    command onto production unless production is the only inventory left."""
     name = name or os.environ.get("FLEETSPEC_INVENTORY")
     inv_dir = Path(root) / "inventory"
     if name:
@@ -165,10 +168,14 @@ def resolve_inventory_path(root: Path, name: str | None = None) -> Path:
             if candidate.is_file():
                 return candidate.resolve()
         raise UserError(f"inventory {name!r} not found (looked in {inv_dir} and as a path)")
-    for default in ("lab.yaml", "production.yaml"):
-        if (inv_dir / default).is_file():
-            return (inv_dir / default).resolve()
-    raise UserError(f"no inventory: {inv_dir} has neither lab.yaml nor production.yaml (use -i)")
+    found = inventory_files(inv_dir)
+    if len(found) == 1:
+        return found[0].resolve()
+    if not found:
+        raise UserError(f"no inventory: {inv_dir} has no .yaml, .yml or .ini file (write one, or use -i PATH)")
+    names = ", ".join(p.name for p in found)
+    raise UserError(f"{inv_dir} has {len(found)} inventories ({names}): name one with -i "
+                    f"(e.g. -i {found[0].stem}) or FLEETSPEC_INVENTORY")
 
 
 def load_inventory(path: str | Path) -> Inventory:

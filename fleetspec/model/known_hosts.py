@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 _KEY_TYPE = re.compile(r"(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+|sk-[a-z0-9@.-]+|[a-z0-9-]+-cert-v01@openssh\.com)")
@@ -45,3 +48,57 @@ def problem(path: Path) -> str | None:
         if text and not text.startswith("#") and not _key_line(text.split()):
             return f"{path} line {n} is not a known_hosts line ([@marker] hosts keytype key)"
     return None
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A `@revoked` or `@cert-authority` line: paramiko reads neither (its parser takes the marker
+    for a host name and fails on the key with a traceback), so fleetspec reads them here."""
+
+    marker: str              # "@revoked" or "@cert-authority"
+    hosts: str               # the line's host patterns, as written
+    keytype: str
+    key: str                 # base64, as written
+    line: int
+
+
+def split_marked(text: str) -> tuple[list[str], list[Marked]]:
+    """The file's plain lines (for paramiko) and its marked lines."""
+    plain: list[str] = []
+    marked: list[Marked] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if fields and fields[0] in _MARKERS:
+            if len(fields) >= 4:
+                marked.append(Marked(fields[0], fields[1], fields[2], fields[3], n))
+            continue
+        plain.append(line)
+    return plain, marked
+
+
+def host_matches(patterns: str, name: str) -> bool:
+    """OpenSSH's rule for a known_hosts host field: comma-separated patterns (`*`, `?`, `[h]:port`,
+    hashed `|1|salt|hash`), a `!pattern` that matches vetoes the line."""
+    hit = False
+    for pattern in patterns.split(","):
+        negated = pattern.startswith("!")
+        pattern = pattern[1:] if negated else pattern
+        if pattern.startswith("|1|"):
+            try:
+                _, _, salt, digest = pattern.split("|")
+                mac = hmac.new(base64.b64decode(salt), name.encode(), hashlib.sha1).digest()
+                found = hmac.compare_digest(mac, base64.b64decode(digest))
+            except (ValueError, binascii.Error):
+                found = False
+        else:
+            found = _glob(pattern).fullmatch(name) is not None
+        if found and negated:
+            return False
+        hit = hit or found
+    return hit
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    """OpenSSH's wildcards: only `*` and `?` (brackets are literal, as in `[host]:port`)."""
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern),
+                      re.IGNORECASE)

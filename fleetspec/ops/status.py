@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Iterable
 
+from fleetspec import errors
 from fleetspec.errors import FleetspecError
 from fleetspec.model import container_launch, gpuhealth
 from fleetspec.model.inventory import Host
@@ -369,12 +370,15 @@ class WatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 every host ok; 4 the deadline passed with hosts still loading (and none worse);
-        1 the deadline passed with a host down, unhealthy or unreachable."""
-        if self.all_ok:
-            return 0
-        bad = [r for r in self.rows if r.health != OK]
-        return 4 if bad and all(r.reachable and r.health == LOADING for r in bad) else 1
+        """0 every host ok; else as `exit_code` says, a host still loading at the deadline timed out (4)."""
+        return errors.OK if self.all_ok else exit_code(self.rows) or errors.UNREACHABLE
+
+
+def exit_code(rows: list[HostStatus]) -> int:
+    """errors.EXIT_CODES: 4 a host unreachable, 3 one down or unhealthy, else 0 (ok, or loading: on its way)."""
+    if any(not r.reachable for r in rows):
+        return errors.UNREACHABLE
+    return errors.NEEDS_ATTENTION if any(r.health in (DOWN, UNHEALTHY) for r in rows) else errors.OK
 
 
 def watch(pool, hosts: Iterable[Host], deadline_s: float, interval: float = 2.0, workers: int = DEFAULT_WORKERS,

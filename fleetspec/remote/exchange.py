@@ -10,7 +10,7 @@ from __future__ import annotations
 import select
 import time
 
-from fleetspec.errors import RemoteError
+from fleetspec.errors import RemoteError, Unreachable
 from fleetspec.remote import limits
 from fleetspec.remote.ssh_lib import paramiko
 
@@ -117,7 +117,7 @@ class Exchange:
     def _pump(self) -> None:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise RemoteError(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}"
+            raise Unreachable(f"{self.host}: command timed out after {self.timeout:g}s: {short(self.shown)}"
                               + (f" ({self.lost})" if self.lost else ""))
         try:
             if self.chan.eof_received:   # nothing can follow EOF but the exit status or a close, and

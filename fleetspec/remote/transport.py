@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from fleetspec.errors import RemoteError, UserError
+from fleetspec.errors import RemoteError, Unreachable, UserError
 from fleetspec.model.inventory import Host
 from fleetspec.remote.api import Channel, CommandResult, HttpResponse, Prelude, TransportLike
 from fleetspec.remote.become import SUDO_PROBE, become_sudo, sudo_problem
@@ -116,7 +116,7 @@ class Transport:
                 self._ssh = self._connect_retrying(deadline)
             except _Retryable as err:
                 via = "".join(f" via {j}" for j in reversed(r.jumps))
-                raise RemoteError(f"{self.name}: cannot reach {r.target.address}:{r.target.port}{via}: {err}") from None
+                raise Unreachable(f"{self.name}: cannot reach {r.target.address}:{r.target.port}{via}: {err}") from None
             _observe_route(self.name, r.describe(), began)
             return self._ssh
 
@@ -149,7 +149,7 @@ class Transport:
         try:
             sock = socket.create_connection((hop.address, hop.port), timeout=timeout)
         except socket.gaierror as err:  # a name that does not resolve will not start to
-            raise RemoteError(f"{self.name}: cannot resolve {what}{hop.address}: {err.strerror or err}") from None
+            raise Unreachable(f"{self.name}: cannot resolve {what}{hop.address}: {err.strerror or err}") from None
         except (ConnectionError, socket.timeout, TimeoutError, OSError) as err:
             raise _Retryable((f"{what}{hop}: " if what else "") + (str(err) or type(err).__name__)) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -42,6 +42,9 @@ def _fleet_root() -> Path:
 
 
 FLEET_ROOT = _fleet_root()
+# Every command these tests run acts on the lab's own inventory, named: a fleet root that also
+# holds production.yaml would otherwise refuse a bare command (model/inventory.py).
+os.environ["FLEETSPEC_INVENTORY"] = "lab"
 
 
 def lab_skip_reason() -> str | None:

@@ -39,3 +39,13 @@ def _entry(line: str) -> dict | None:
 
 def json_rows(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def status_rows(r) -> list[dict]:
+    """`status --json`'s rows, its exit code checked against them as the exit-code table says:
+    4 a host unreachable, 3 one down or unhealthy, else 0 (a host loading is on its way)."""
+    rows = json_rows(r.stdout)
+    want = 4 if any(not x["reachable"] for x in rows) else \
+        3 if any(x["health"] in ("down", "unhealthy") for x in rows) else 0
+    assert rows and r.returncode == want, f"status -> {r.returncode}, expected {want}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return rows

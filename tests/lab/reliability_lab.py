@@ -248,8 +248,10 @@ def _argv_of(show: str) -> str:
 
 
 def status(root, host) -> dict:
-    r = fs(root, "status", host, "--json", check_rc=0, timeout=120)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """The host's status row (its exit code checked against it: labtools.status_rows)."""
+    from tests.lab.labtools import status_rows
+
+    return status_rows(fs(root, "status", host, "--json", timeout=120))[-1]
 
 
 def wait_healthy(root, host, deadline=180) -> dict:

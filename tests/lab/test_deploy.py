@@ -49,8 +49,7 @@ def snapshot(fleet) -> dict:
 
 
 def status(fleet) -> dict:
-    r = fs(fleet, "status", HOST, "--json", check_rc=0)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return labtools.status_rows(fs(fleet, "status", HOST, "--json"))[-1]
 
 
 def ledger(fleet) -> list[dict]:

@@ -14,7 +14,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import local_mirror
 from tests.lab import reliability_lab as R
-from tests.lab.labtools import fs, json_rows, ledger
+from tests.lab.labtools import fs, json_rows, ledger, status_rows
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -23,8 +23,7 @@ BASELINE_ALGO = {"ct129": ("NEXTN", "EAGLE"), "ct200": ("DFLASH", "DFLASH")}
 
 
 def statuses(fleet) -> dict[str, dict]:
-    r = fs(fleet, "status", CANARY, OTHER, "--json", check_rc=0)
-    return {row["host"]: row for row in json_rows(r.stdout)}
+    return {row["host"]: row for row in status_rows(fs(fleet, "status", CANARY, OTHER, "--json"))}
 
 
 @pytest.fixture

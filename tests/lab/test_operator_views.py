@@ -12,7 +12,7 @@ import pytest
 
 from tests.lab import labtools
 from tests.lab.conftest import LAB_HOSTS
-from tests.lab.labtools import fs, json_rows
+from tests.lab.labtools import fs, json_rows, status_rows
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -21,8 +21,7 @@ SERVICE = "sglang-qwen.service"
 
 
 def row(fleet, *extra):
-    r = fs(fleet, *extra, "status", HOST, "--json", check_rc=0)
-    return json_rows(r.stdout)[-1]
+    return status_rows(fs(fleet, *extra, "status", HOST, "--json"))[-1]     # loading 0, down 3
 
 
 def restart(fleet):

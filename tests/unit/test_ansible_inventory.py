@@ -156,7 +156,7 @@ def test_status_through_ansible_inventories(sshd_factory, tmp_path, ssh_client_k
         path = tmp_path / name
         path.write_text(text(ssh_client_key, kh, a.port, b.port).replace("/root/ml-env/bin/python3", sys.executable))
         r = CliRunner().invoke(main, ["--root", str(root), "-i", str(path), "status", "@gpu", "--json"])
-        assert r.exit_code == 0, r.output
+        assert r.exit_code == 3, r.output                 # reachable, no engine: down
         rows = [json.loads(ln) for ln in r.output.splitlines()]
         assert [(x["host"], x["reachable"], x["address"]) for x in rows] == \
             [("ct129", True, f"127.0.0.1:{a.port}"), ("ct200", True, f"127.0.0.1:{b.port}")], rows

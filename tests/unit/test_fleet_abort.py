@@ -87,8 +87,8 @@ def test_rollback_of_several_hosts_goes_on_past_one_that_fails(tmp_path, ssh_cli
         % (ssh_client_key, free_port(), free_port()))
     r = CliRunner().invoke(main, ["--root", str(tmp_path), "rollback", "a", "b", "--json"])
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert r.exit_code == 1 and [(row["host"], row["status"]) for row in rows] == [("a", "error"), ("b", "error")]
+    assert r.exit_code == 4 and [(row["host"], row["status"]) for row in rows] == [("a", "error"), ("b", "error")]
     assert all("cannot reach 127.0.0.1" in row["reason"] for row in rows)
     plain = CliRunner().invoke(main, ["--root", str(tmp_path), "rollback", "a", "b"])
-    assert plain.exit_code == 1 and plain.stderr.count("fleetspec: a: cannot reach") == 1
+    assert plain.exit_code == 4 and plain.stderr.count("fleetspec: a: cannot reach") == 1
     assert plain.stderr.count("fleetspec: b: cannot reach") == 1

@@ -3,7 +3,9 @@
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from fleetspec.cli import main
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model.inventory import load_inventory, resolve_inventory_path
 
@@ -83,15 +85,37 @@ def test_resolve_inventory_path(tmp_path, monkeypatch):
     (tmp_path / "inventory").mkdir()
     with pytest.raises(UserError, match="no inventory"):
         resolve_inventory_path(tmp_path)
+    write(tmp_path / "inventory", "hosts: {}", "example-production.yaml")     # an example is never meant
+    (tmp_path / "inventory" / "key").write_text("k")
+    with pytest.raises(UserError, match="no inventory"):
+        resolve_inventory_path(tmp_path)
     write(tmp_path / "inventory", "hosts: {}", "production.yaml")
     assert resolve_inventory_path(tmp_path).name == "production.yaml"
     write(tmp_path / "inventory", "hosts: {}", "lab.yaml")
-    assert resolve_inventory_path(tmp_path).name == "lab.yaml"
     assert resolve_inventory_path(tmp_path, "production").name == "production.yaml"
+    assert resolve_inventory_path(tmp_path, "lab").name == "lab.yaml"
     monkeypatch.setenv("FLEETSPEC_INVENTORY", "production.yaml")
     assert resolve_inventory_path(tmp_path).name == "production.yaml"
     with pytest.raises(UserError, match="'nope' not found"):
         resolve_inventory_path(tmp_path, "nope")
+
+
+def test_two_inventories_and_no_name_is_refused_never_a_silent_choice(tmp_path, monkeypatch):
+    """lab.yaml beside production.yaml (both name ct129): a bare command refuses in one line and
+    names both; after `lab down` removed lab.yaml, production.yaml is the one inventory left."""
+    monkeypatch.delenv("FLEETSPEC_INVENTORY", raising=False)
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    for name in ("production.yaml", "lab.yaml"):
+        write(tmp_path / "inventory", "hosts: {ct129: {address: ct129.example}}", name)
+    with pytest.raises(UserError) as err:
+        resolve_inventory_path(tmp_path)
+    assert "2 inventories (lab.yaml, production.yaml): name one with -i" in str(err.value)
+    assert "\n" not in str(err.value)
+    r = CliRunner().invoke(main, ["--root", str(tmp_path), "status", "ct129"])
+    assert r.exit_code == 2 and "name one with -i" in r.output and "Traceback" not in r.output, r.output
+    (tmp_path / "inventory" / "lab.yaml").unlink()
+    assert resolve_inventory_path(tmp_path).name == "production.yaml"
 
 
 @pytest.mark.parametrize("defaults,host,wanted", [

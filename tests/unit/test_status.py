@@ -58,7 +58,7 @@ def test_fleet_status_rows(fleet):
 def test_status_cli_json(fleet):
     root, inv_path = fleet
     result = CliRunner().invoke(main, ["--root", str(root), "status", "--all", "--json"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 4, result.output                     # c is unreachable
     lines = [json.loads(line) for line in result.output.splitlines()]
     assert [(d["host"], d["reachable"]) for d in lines] == [("a", True), ("b", True), ("c", False)]
     assert lines[0]["algo"] == "NEXTN" and lines[2]["error"]
@@ -67,7 +67,15 @@ def test_status_cli_json(fleet):
 def test_status_cli_table_and_selection(fleet):
     root, inv_path = fleet
     result = CliRunner().invoke(main, ["--root", str(root), "-i", "lab", "status", "a", "c"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 4, result.output
     assert "NEXTN" in result.output and "unreachable" in result.output and " b " not in result.output
     result = CliRunner().invoke(main, ["--root", str(root), "status", "nope"])
     assert result.exit_code == 2 and "unknown host 'nope'" in result.output
+
+
+def test_status_exit_code_says_unreachable_down_or_ok(fleet):
+    """A script can tell: 4 a host unreachable, 3 a host down (b has no engine), 0 all ok."""
+    root, _ = fleet
+    codes = {who: CliRunner().invoke(main, ["--root", str(root), "status", *who.split()]).exit_code
+             for who in ("c", "b", "a", "a b c")}
+    assert codes == {"c": 4, "b": 3, "a": 0, "a b c": 4}, codes

@@ -183,7 +183,7 @@ def test_watch_deadline_exit_codes(fleet):
     assert "deadline 1s passed; not ok: ct203 (loading)" in r.output
     unit.stop()
     r = CliRunner().invoke(main, ["--root", str(root), "status", "--watch", "--deadline", "1", "--interval", "0.5"])
-    assert r.exit_code == 1, r.output                                       # down at the deadline
+    assert r.exit_code == 3, r.output                                       # down at the deadline: look at it
     assert "not ok: ct203 (down)" in r.output
 
 
