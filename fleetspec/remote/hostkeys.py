@@ -120,7 +120,7 @@ def _load_keys(host: Host, paths: tuple[Path, ...] = ()) -> list[paramiko.PKey]:
         if p.is_file():
             try:
                 keys.append(paramiko.PKey.from_path(p))
-            except Exception:  # noqa: BLE001 - a default key that cannot be read (a passphrase) is skipped, as ssh does
+            except Exception:  # a default key that cannot be read (a passphrase) is skipped, as ssh does
                 continue
     return keys
 
@@ -136,14 +136,14 @@ def _load_key_file(host: Host, path: Path) -> paramiko.PKey | None:
         if "password" in str(err).lower() or "encrypted" in str(err).lower():
             return None
         raise RemoteError(f"{host.name}: cannot load ssh key {path}: {err}") from None
-    except Exception as err:  # noqa: BLE001 - a key file fleetspec cannot use is one line, never a traceback
+    except Exception as err:  # a key file fleetspec cannot use is one line, never a traceback
         raise RemoteError(f"{host.name}: cannot load ssh key {path}: {err or type(err).__name__}") from None
 
 
 def _agent_keys() -> list[paramiko.PKey]:
     try:
         return list(paramiko.Agent().get_keys())
-    except Exception:  # noqa: BLE001 - no agent, or one that does not answer: no agent keys
+    except Exception:  # no agent, or one that does not answer: no agent keys
         return []
 
 
