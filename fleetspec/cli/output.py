@@ -9,6 +9,7 @@ import threading
 import click
 
 from fleetspec.cli.terminal import safe, styled
+from fleetspec.secrets import PLACEHOLDER
 
 
 def echo(message="", err: bool = False, file=None, nl: bool = True) -> None:
@@ -185,7 +186,7 @@ def verbose_observer(obj, stream=None):
 
     def observe(host: str, what: str, seconds: float, outcome: str) -> None:
         for value in secrets():
-            what = what.replace(value, "***")
+            what = what.replace(value, PLACEHOLDER)
         lines = what.strip("\n").splitlines() or [""]
         text = f"[{host}] {seconds:.3f}s {outcome}: {lines[0]}" + "".join(f"\n    {x}" for x in lines[1:])
         with lock:

@@ -168,7 +168,7 @@ def test_verbose_hides_the_values_of_playbook_secret_env(tmp_path, monkeypatch, 
     observe = verbose_observer(SimpleNamespace(root_path=tmp_path))
     observe("a", "printf %s hf-opx-77-secret > /etc/x\nsecond line", 0.25, "rc=0")
     err = capsys.readouterr().err
-    assert err == "[a] 0.250s rc=0: printf %s *** > /etc/x\n    second line\n"
+    assert err == "[a] 0.250s rc=0: printf %s <redacted> > /etc/x\n    second line\n"
 
 
 def test_every_command_module_is_named_in_the_lazy_map_and_a_deploy_loads_only_its_own():
