@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import click
@@ -66,7 +65,7 @@ def render(obj, argv, algo, playbook_file, version, source, service, lws_file, r
         if as_json:
             echo(json.dumps({"manifest": text, "containers": [r.to_json() for r in rendered]}, sort_keys=True))
         else:
-            sys.stdout.write(text)
+            echo(text, nl=False)
         return
     r = (render_launch.from_file(Path(source), pb, target, service) if source
          else render_launch.from_argv(list(argv), pb, target))
