@@ -42,7 +42,7 @@ def _live(root, rid: str) -> bool:
 @click.option("--limit", type=int, default=20, show_default=True, help="The last N rollouts.")
 @click.pass_context
 def rollouts(ctx, as_json, limit):
-    """The fleet's rollouts, newest last: id, what ran, state, who, hosts healthy of all, batches.
+    """The fleet's rollouts, newest last: id, what ran, state, when, hosts ok of all, batches run.
     Every deploy and rollback that changes hosts is one; its id is in each host's ledger lines.
 
     \b
@@ -67,10 +67,11 @@ def rollouts(ctx, as_json, limit):
     rows = []
     for r in records:
         ok = sum(1 for h in r.hosts.values() if h.status in ("healthy", "rolled_back"))
-        what = f"deploy {r.algo}" if r.kind == "deploy" else f"rollback to {r.to}"
-        rows.append([r.id, what, _state(r, _live(root, r.id)), r.by.split(":")[0], _when(r.created),
-                     f"{ok}/{len(r.host_order())}", f"{r.next_batch}/{len(r.batches)}"])
-    echo_table(["rollout", "what", "state", "by", "began (UTC)", "hosts ok", "batches"], rows)
+        what = f"deploy {r.algo}" if r.kind == "deploy" else f"rollback {r.to}"
+        began = time.strftime("%m-%d %H:%M", time.gmtime(r.created))
+        rows.append([r.id, what, _state(r, _live(root, r.id)), began, f"{ok}/{len(r.host_order())}",
+                     f"{r.next_batch}/{len(r.batches)}"])
+    echo_table(["rollout", "what", "state", "began (UTC)", "ok", "batches"], rows)
 
 
 @rollouts.command("show")
