@@ -174,3 +174,41 @@ def test_a_fleet_rollback_runs_parallel_within_a_batch_and_stops_past_max_fail(m
     assert [(r["host"], r["status"]) for r in rows] == [("a", "rolled_back"), ("b", "error"), ("c", "skipped"),
                                                         ("d", "skipped")]
     assert code == 2
+
+
+def _cli(root, *args):
+    from click.testing import CliRunner
+
+    from fleetspec.cli import main
+
+    return CliRunner().invoke(main, ["--root", str(root), *args])
+
+
+@pytest.fixture
+def fleet_root(tmp_path):
+    for sub in ("inventory", "playbooks", "templates"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "inventory" / "lab.yaml").write_text("hosts:\n  a: {address: 127.0.0.1, port: 1}\n")
+    return tmp_path
+
+
+def test_rollouts_lists_and_shows_records_and_refuses_what_cannot_go_on_in_one_line(fleet_root):
+    assert _cli(fleet_root, "rollouts").output.strip() == "no rollouts yet"
+    record = _record(fleet_root, pause_after="canary")
+    assert "cut off" in _cli(fleet_root, "rollouts").output      # `running`, and no process holds its lock
+    with rollouts.held(fleet_root, record.id, "x"):
+        assert "running" in _cli(fleet_root, "rollouts").output
+    record.state = "done"
+    rollouts.save(fleet_root, record)
+    listed = _cli(fleet_root, "rollouts")
+    assert listed.exit_code == 0 and record.id in listed.output and "deploy ddtree" in listed.output
+    shown = json.loads(_cli(fleet_root, "rollouts", "show", record.id[-4:], "--json").output)
+    assert shown["id"] == record.id and shown["batches"] == [["a"], ["b"], ["c"]]
+    for args, said in ((["promote", record.id, "--yes"], "only a paused deploy can be promoted"),
+                       (["promote", "nope", "--yes"], "no rollout 'nope'"),
+                       (["deploy", "a", "--algo", "ddtree", "--pause-after", "canary", "--yes"],
+                        "--pause-after canary needs --canary N")):
+        result = _cli(fleet_root, *args)
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and said in lines[0], result.output
+    assert [p.name for p in rollouts.folder(fleet_root).glob("*.json")] == [f"{record.id}.json"]   # none made
