@@ -234,8 +234,21 @@ def _run_held(root: Path, record: Record, hosts, playbook, *, connect, options, 
         record.note(f"refused: {err}", actor())
         save(root, record)
         raise
+    if strategy.rollback_all_on_abort and record.failures > strategy.max_fail:
+        _put_back_earlier(root, record, hosts, {o.host for o in outcomes}, connect=connect, echo=echo,
+                          progress=progress, seats=seats or {})
     finish(root, record, outcomes, paused=any(str(o.status) == "pending" for o in outcomes))
     return outcomes
+
+
+def _put_back_earlier(root: Path, record: Record, hosts, ran_here: set, **how) -> None:
+    """--rollback-all-on-abort across a pause: the hosts earlier processes of this rollout moved
+    (this process's own were put back by deploy_fleet) go back too."""
+    ran = {h for batch in record.batches[:record.next_batch] for h in batch} - ran_here
+    earlier = [h for h in hosts if h.name in ran and record.hosts.get(h.name, HostRun()).status == "healthy"]
+    if earlier:
+        record.note(f"rollback-all-on-abort: {', '.join(h.name for h in earlier)}", actor())
+        put_back(root, record, earlier, why="rolled back: the rollout was aborted", **how)
 
 
 def promotable(record: Record) -> None:
@@ -260,9 +273,6 @@ def check_playbook(record: Record, playbook) -> None:
 def abort(root: Path, rid: str, *, select, connect, echo, progress, seats_of=lambda hosts: {}) -> tuple[list, int]:
     """Put back every host the rollout left on its release, each to what it ran before the
     rollout; a host a later rollout moved since stays (its row says which). Records it."""
-    from fleetspec.model.release import BASELINE
-    from fleetspec.ops.rollback import rollback
-
     with held(root, rid, "abort"):
         record = load(root, rid)
         if record.kind != "deploy" or record.state == "aborted":
@@ -270,33 +280,44 @@ def abort(root: Path, rid: str, *, select, connect, echo, progress, seats_of=lam
                             "nothing to abort")
         names = record.changed()
         hosts = select(names) if names else []
-        seats = seats_of(hosts) if hosts else {}
-        rows, code = [], 0
         record.note("abort", actor())
-        for h in hosts:
-            run = record.hosts[h.name]
-            later = moved_since(root, record, h.name)
-            if later:
-                rows.append({"host": h.name, "status": "left", "reason": f"moved since by rollout {later}",
-                             "exit_code": 3})
-                code = max(code, 3)
-                continue
-            back = None if run.previous in (None, BASELINE) else run.previous
-            try:
-                out = rollback(connect(h), h, root, back, echo=echo, progress=progress, seat=seats.get(h.name),
-                               rollout=rid)
-            except FleetspecError as err:
-                rows.append({"host": h.name, "status": "error", "reason": str(err), "exit_code": err.exit_code})
-                code = max(code, err.exit_code)
-                run.reason = f"abort: {err}"[:500]
-                continue
-            rows.append(out.to_json())
-            run.status, run.reason = "rolled_back", f"aborted: back to {back or BASELINE}"
-            save(root, record)
+        rows, code = put_back(root, record, hosts, connect=connect, echo=echo, progress=progress,
+                              seats=seats_of(hosts) if hosts else {}, why="aborted")
         if any(r["status"] == "error" for r in rows):
             record.note("abort incomplete: run fleetspec abort again once the hosts in error are fixed", actor())
         else:
             record.state, record.pause_after = "aborted", None
+        save(root, record)
+    return rows, code
+
+
+def put_back(root: Path, record: Record, hosts, *, connect, echo, progress, seats, why: str) -> tuple[list, int]:
+    """Each of `hosts` back to what it ran before `record` (its previous release or its
+    baseline), one at a time, the record saved after each; a host a later rollout moved since
+    is left as it is (exit 3: the operator decides)."""
+    from fleetspec.model.release import BASELINE
+    from fleetspec.ops.rollback import rollback
+
+    rows, code = [], 0
+    for h in hosts:
+        run = record.hosts[h.name]
+        later = moved_since(root, record, h.name)
+        if later:
+            rows.append({"host": h.name, "status": "left", "reason": f"moved since by rollout {later}", "exit_code": 3})
+            code = max(code, 3)
+            continue
+        back = None if run.previous in (None, BASELINE) else run.previous
+        try:
+            out = rollback(connect(h), h, root, back, echo=echo, progress=progress, seat=seats.get(h.name),
+                           rollout=record.id)
+        except FleetspecError as err:
+            rows.append({"host": h.name, "status": "error", "reason": str(err), "exit_code": err.exit_code})
+            code = max(code, err.exit_code)
+            run.reason = f"{why}: {err}"[:500]
+            continue
+        rows.append(out.to_json())
+        run.status, run.reason = "rolled_back", f"{why}: back to {back or BASELINE}"
+        run.exit_code = 1 if why != "aborted" else 0
         save(root, record)
     return rows, code
 

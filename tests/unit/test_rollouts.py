@@ -212,3 +212,27 @@ def test_rollouts_lists_and_shows_records_and_refuses_what_cannot_go_on_in_one_l
         lines = [ln for ln in result.output.splitlines() if ln.strip()]
         assert result.exit_code == 2 and len(lines) == 1 and said in lines[0], result.output
     assert [p.name for p in rollouts.folder(fleet_root).glob("*.json")] == [f"{record.id}.json"]   # none made
+
+
+def test_rollback_all_on_abort_also_puts_back_the_hosts_an_earlier_process_of_the_rollout_moved(monkeypatch, tmp_path):
+    """a went in the first process (paused after it); b fails in the promote: a goes back to what
+    it ran before the rollout, once (b reverted itself), and the record says so."""
+    hosts = [SimpleNamespace(name=n) for n in ("a", "b", "c")]
+    results = {"a": DeployOutcome("a", "healthy", "R-a", previous="R-a-old"),
+               "b": DeployOutcome("b", "healthy", "R-b", previous="baseline"),
+               "c": DeployOutcome("c", "healthy", "R-c", previous="baseline")}
+    _stand_in_deploys(monkeypatch, results)
+    went = []
+    monkeypatch.setattr("fleetspec.ops.rollback.rollback", lambda t, h, root, to, **k: went.append((h.name, to)) or
+                        SimpleNamespace(to_json=lambda: {"host": h.name, "status": "rolled_back"}))
+    record = _record(tmp_path, pause_after="canary")
+    record.strategy["rollback_all_on_abort"] = True
+    strategy = fleet.Strategy(**record.strategy)
+    go = dict(connect=lambda h: None, options={}, strategy=strategy, echo=lambda line: None,
+              progress=lambda line: None)
+    rollouts.run_deploy(tmp_path, record, hosts, None, **go)
+    results["b"] = DeployOutcome("b", "rolled_back", "R-b", failed_step="probes", exit_code=1, previous="baseline")
+    rollouts.run_deploy(tmp_path, rollouts.load(tmp_path, record.id), hosts, None, **go)
+    assert went == [("a", "R-a-old")]
+    final = rollouts.load(tmp_path, record.id)
+    assert final.state == "failed" and final.hosts["a"].status == "rolled_back" and final.hosts["c"].status == "skipped"
