@@ -100,7 +100,7 @@ class Record:
         try:
             hosts = {str(k): HostRun(**v) for k, v in (data.pop("hosts", None) or {}).items()}
             record = cls(**data, hosts=hosts)
-        except TypeError as err:
+        except (TypeError, AttributeError) as err:
             raise ValueError(f"{where}: {err}") from None
         problems = [
             ("id", is_rollout_id(record.id)),

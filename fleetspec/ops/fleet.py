@@ -141,7 +141,8 @@ def _prestaged_id(host, prestaged, echo) -> str | None:
         return None
 
 
-def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, mode, echo):
+def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options, strategy: Strategy, mode, echo,
+                    rollout=None):
     """Stage every host after the first batch, `--parallel` at a time, while that batch deploys;
     returns the pool and {host name: future of the release id}."""
     from fleetspec.ops.prestage import prestage
@@ -151,7 +152,8 @@ def _start_prestage(batches, playbook, *, connect: Connect, root: Path, options,
         return None, {}
     pool = ThreadPoolExecutor(max_workers=min(len(later), strategy.parallel or len(later)), thread_name_prefix="prestage")
     futures = {h.name: pool.submit(prestage, connect(h), DeployRequest(host=h, playbook=playbook, root=root,
-                                                                       mode=mode, options=options), echo)
+                                                                       mode=mode, options=options, rollout=rollout),
+                                   echo)
                for h in later}
     return pool, futures
 
@@ -174,7 +176,7 @@ def deploy_fleet(hosts, playbook, *, connect: Connect, root: Path, options, stra
     seats = _check_routers(batches[first:], strategy, seats or {}, plan_only)
     pre_pool, prestaged = (None, {}) if plan_only else _start_prestage(
         batches[first:last + 1], playbook, connect=connect, root=root, options=options, strategy=strategy, mode=mode,
-        echo=echo)
+        echo=echo, rollout=rollout.id)
     for number, batch in enumerate(batches[first:last + 1], first):
         if stop.is_set():
             break
