@@ -342,7 +342,7 @@ def promote(root: Path, rid: str, *, select, connect, echo, progress, seats_of=l
             playbook = dataclasses.replace(playbook, gpu_waive=tuple(dict.fromkeys([*playbook.gpu_waive,
                                                                                      *record.waive_gpu])))
         options = parse_overrides(playbook, record.sets)
-        strategy = Strategy(**record.strategy)
+        strategy = Strategy(**{k: v for k, v in record.strategy.items() if k in Strategy.__dataclass_fields__})
         record.note(f"promoted from batch {record.next_batch + 1}", actor())
         outcomes = _run_held(root, record, hosts, playbook, connect=connect, options=options, strategy=strategy,
                              echo=echo, progress=progress, seats=seats_of(hosts), mode=record.mode,

@@ -236,3 +236,31 @@ def test_rollback_all_on_abort_also_puts_back_the_hosts_an_earlier_process_of_th
     assert went == [("a", "R-a-old")]
     final = rollouts.load(tmp_path, record.id)
     assert final.state == "failed" and final.hosts["a"].status == "rolled_back" and final.hosts["c"].status == "skipped"
+
+
+def test_promote_goes_on_with_the_stored_playbook_and_refuses_one_that_changed(monkeypatch, tmp_path):
+    import hashlib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    for sub in ("inventory", "templates"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "playbooks").symlink_to(repo / "playbooks")
+    digest = hashlib.sha256((repo / "playbooks" / "ddtree.yaml").read_bytes()).hexdigest()
+    seen = _stand_in_deploys(monkeypatch, {n: DeployOutcome(n, "healthy", f"R-{n}", previous="baseline")
+                                           for n in "abc"})
+    hosts = {n: SimpleNamespace(name=n) for n in "abc"}
+    go = dict(select=lambda names: [hosts[n] for n in names], connect=lambda h: None, echo=lambda line: None,
+              progress=lambda line: None)
+    record = _record(tmp_path, pause_after="each-batch", playbook_sha256=digest, sets=["budget=32"])
+    record.state, record.next_batch = "paused", 1
+    rollouts.save(tmp_path, record)
+    after, out = rollouts.promote(tmp_path, record.id, **go)
+    assert [(o.host, o.status) for o in out] == [("b", "healthy"), ("c", "pending")]   # paused again
+    assert after.state == "paused" and [h for h, _ in seen] == ["b"]
+    changed = _record(tmp_path, playbook_sha256="0" * 64)
+    changed.state, changed.next_batch = "paused", 1
+    rollouts.save(tmp_path, changed)
+    with pytest.raises(UserError, match="changed since rollout"):
+        rollouts.promote(tmp_path, changed.id, **go)
+    assert [h for h, _ in seen] == ["b"]                          # nothing ran
