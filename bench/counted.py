@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleetspec.remote import transport  # noqa: E402
+from fleetspec.remote import transport
 
 
 def precompile() -> None:

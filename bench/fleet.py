@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import scaling  # noqa: E402
+from bench import scaling
 
 CPU: dict[str, float] = {}   # the latest child's user+sys CPU seconds, from wait4
 COUNTS: dict[str, dict] = {}  # the latest child's remote actions per host, from bench/counted.py

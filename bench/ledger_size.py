@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleetspec.model import ledger as L  # noqa: E402
-from fleetspec.ops.planning import prune_candidates  # noqa: E402
+from fleetspec.model import ledger as L
+from fleetspec.ops.planning import prune_candidates
 
 PAD = 180 - 150     # a generated line's size without the pad is ~150 B
 

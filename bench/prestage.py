@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fleet as F  # noqa: E402  (bench/fleet.py: the CLI runner, JSON lines, host reset)
+import fleet as F  # bench/fleet.py: the CLI runner, JSON lines, host reset
 
 
 def stage_sent(host: str, release: str) -> tuple[int, int]:
@@ -46,7 +46,7 @@ def one(hosts: list[str], prestage: bool) -> dict:
         raise SystemExit(f"deploy failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     later = [outs[h] for h in hosts[1:]]
     engine = outs[hosts[0]]["engine_wait_s"] + max((o["engine_wait_s"] for o in later), default=0.0)
-    own = lambda o: o["seconds"] - o["engine_wait_s"]  # noqa: E731
+    own = lambda o: o["seconds"] - o["engine_wait_s"]
     return {"wall": wall, "own": wall - engine, "cpu": F.CPU["last"], "canary_own": own(outs[hosts[0]]),
             "later_own": max((own(o) for o in later), default=0.0),
             "later_stage": max((o["step_seconds"]["stage"] for o in later), default=0.0),

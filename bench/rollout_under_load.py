@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import resultfile  # noqa: E402
-from fleetspec.lab.load import Load, summary  # noqa: E402
-from fleetspec.lab.router import LabRouter, router_inventory  # noqa: E402
+from bench import resultfile
+from fleetspec.lab.load import Load, summary
+from fleetspec.lab.router import LabRouter, router_inventory
 
 
 def fs(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -72,7 +72,7 @@ def deploy_and_rollback(runs: int) -> dict:
         ob = b["json"][-1]
         rollbacks.append({"wall": b["wall"], "recovery": ob["seconds"], "engine": ob["engine_wait_s"],
                           "overhead": ob["seconds"] - ob["engine_wait_s"], "commands": b["counts"].get(HOST, {}).get("commands", 0)})
-    med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+    med = lambda xs, k: statistics.median(x[k] for x in xs)
     steps = {n: statistics.median(r["steps"].get(n, 0.0) for r in rows) for n in rows[0]["steps"]}
     return {"deploy": {k: med(rows, k) for k in ("wall", "engine", "own", "cpu", "commands", "sftp", "http")},
             "steps": steps, "command_list": rows[-1]["command_list"],

@@ -170,7 +170,7 @@ def playbook_vars(health_retries: int) -> tuple[dict, dict]:
     }
     lab_ssh = ROOT / ".lab" / "ssh"
     common = f"-F /dev/null -o UserKnownHostsFile={lab_ssh / 'known_hosts'} -o StrictHostKeyChecking=yes"
-    entry = lambda h: {"ansible_host": h.address, "ansible_user": "root",  # noqa: E731
+    entry = lambda h: {"ansible_host": h.address, "ansible_user": "root",
                        "ansible_ssh_private_key_file": str(lab_ssh / "id_ed25519"),
                        "ansible_ssh_common_args": common, "ansible_python_interpreter": h.vars.python,
                        "service": h.vars.service, "port": h.vars.api_port}

@@ -31,7 +31,7 @@ if ! python3 -c 'import torch' 2>/dev/null; then
 fi
 # Installed, with its dependencies, and editable from this very checkout (not another one's).
 here=$PWD
-if ! (cd / && python3 -c 'import sys, fleetspec, paramiko, jinja2, click, yaml, tenacity, rich, prometheus_client, packaging, pytest, hypothesis, pytest_timeout, ruff, mypy, mkdocs, material, matplotlib, sglang_router
+if ! (cd / && python3 -c 'import sys, fleetspec, paramiko, jinja2, click, yaml, tenacity, rich, prometheus_client, packaging, pytest, hypothesis, pytest_timeout, ruff, mypy, mkdocs, material, matplotlib, sglang_router, jsonschema, kubernetes_validate
 sys.exit(0 if fleetspec.__file__.startswith(sys.argv[1] + "/") else 1)' "$here") 2>/dev/null; then
   stage "pip install -e .[test] (fleetspec and its test tools, from PyPI)" pip_quiet -e '.[test]'
 fi

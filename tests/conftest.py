@@ -85,12 +85,12 @@ class Sshd:
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.workdir / "sshd_config")],
                                      stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60     # its listen is awaited; a loaded machine only delays it
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited: {(self.workdir / 'sshd.log').read_text()[-500:]}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection(("127.0.0.1", self.port), timeout=5):
                     return self
             except OSError:
                 time.sleep(0.02)
@@ -202,7 +202,7 @@ def seen():
     from fleetspec.remote import transport
 
     got = []
-    observer = lambda host, what, seconds, outcome: got.append(what)  # noqa: E731
+    observer = lambda host, what, seconds, outcome: got.append(what)
     transport.add_observer(observer)
     yield got
     transport.remove_observer(observer)

@@ -11,6 +11,7 @@ import os
 
 NVCC_FLAGS = ["-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-D__CUDA_NO_HALF_OPERATORS__",
               "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+OPTIMIZE = ["-O3"]   # every compile, C++ and CUDA, as cpp_extension.load is asked for too
 TORCH_LIBS = ["-lc10", "-ltorch_cpu", "-ltorch"]
 TORCH_CUDA_LIBS = ["-lc10_cuda", "-ltorch_cuda"]
 
@@ -49,7 +50,7 @@ def compile_jobs(spec: dict, source_dir: str, work: str, *, cxx: str, nvcc: str 
                  cxx11_abi: bool, includes: list[str], archs: list[str]) -> list[list[str]]:
     """One command per source: `sources` with `cxx`, and, for a CUDA build (`archs` not empty),
     `cuda_sources` with `nvcc`. Objects are written to `work` as <source>.o (objects())."""
-    common = ["-O3", std, f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", f"-DTORCH_EXTENSION_NAME={spec['library']}"]
+    common = [*OPTIMIZE, std, f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", f"-DTORCH_EXTENSION_NAME={spec['library']}"]
     inc = [f"-I{p}" for p in includes]
     jobs = [[cxx, "-c", os.path.join(source_dir, s), "-o", os.path.join(work, s + ".o"), "-fPIC", *common, *inc]
             for s in spec["sources"]]

@@ -116,9 +116,9 @@ def _can_build_cuda(spec: KernelSpec, want: bool | None, arch: str | None) -> bo
 _COMPILE = """
 import json, sys
 from torch.utils import cpp_extension
-name, sources, work, verbose = json.loads(sys.argv[1])
-cpp_extension.load(name=name, sources=sources, build_directory=work, extra_cflags=["-O3"],
-                   extra_cuda_cflags=["-O3"], is_python_module=False, verbose=verbose)
+name, sources, work, verbose, optimize = json.loads(sys.argv[1])
+cpp_extension.load(name=name, sources=sources, build_directory=work, extra_cflags=optimize,
+                   extra_cuda_cflags=optimize, is_python_module=False, verbose=verbose)
 """
 
 
@@ -129,7 +129,7 @@ def _compile_in_child(name: str, sources: list[str], work: str, verbose: bool, a
     import sys
 
     env = dict(os.environ, **({"TORCH_CUDA_ARCH_LIST": ";".join(arch)} if arch else {}))
-    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sources, work, verbose])],
+    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([name, sources, work, verbose, flags.OPTIMIZE])],
                           capture_output=not verbose, text=True, env=env)
     if done.returncode != 0:
         tail = (done.stderr or "").strip().splitlines()[-5:] if not verbose else []

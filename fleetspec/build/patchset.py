@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fleetspec.errors import ConfigError, UserError
 from fleetspec.model import patchset, unidiff
+from fleetspec.model.cache import cache_dir
 from fleetspec.model.patchset import (
     FILES,
     MANIFEST,
@@ -42,7 +43,7 @@ from fleetspec.model.patchset import (
 SERIES = "series"
 ADD = "add"
 BUILDER_VERSION = "1"   # bump when the output for the same inputs changes
-PATCHSET_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "patchsets"
+PATCHSET_CACHE = cache_dir() / "patchsets"
 _SKIP = ("__pycache__",)
 
 

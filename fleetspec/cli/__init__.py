@@ -79,7 +79,7 @@ def main(ctx, root, inventory, accept_new_host_key, verbose):
         from fleetspec.remote import transport
 
         observer = verbose_observer(ctx.obj)
-        route = lambda host, text, seconds: observer(host, text, seconds, "connected")  # noqa: E731
+        route = lambda host, text, seconds: observer(host, text, seconds, "connected")
         transport.add_observer(observer)
         transport.add_route_observer(route)
         ctx.call_on_close(lambda: transport.remove_observer(observer))

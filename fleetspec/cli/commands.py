@@ -19,6 +19,7 @@ MODULES = {
     "patchset": "patchset_cmd",
     "kernels": "kernels_cmd",
     "lab": "lab_cmd",
+    "gate": "gate_cmd", "render": "render_cmd",
 }
 
 

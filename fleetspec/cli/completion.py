@@ -24,7 +24,7 @@ def _safe(fn):
     def wrapper(ctx, param, incomplete):
         try:
             return fn(ctx, param, incomplete)
-        except Exception:  # noqa: BLE001 - a completion must never print a traceback into a shell
+        except Exception:  # a completion must never print a traceback into a shell
             return []
     return wrapper
 

@@ -226,7 +226,7 @@ def history(obj, host, release, as_json, limit):
         entries = got.parsed.entries
         if release:
             rid = ops.find(got.parsed, h.name, release).id
-            entries = [e for e in entries if e.release == rid]
+            entries = tuple(e for e in entries if e.release == rid)
         for e in entries[-limit:]:
             echo(e.to_line())
         return

@@ -45,14 +45,15 @@ def show(obj, targets, as_json):
     """
     from fleetspec.cli.history_cmd import pretty
     from fleetspec.cli.output import Out, echo
-    from fleetspec.model.ansible_inventory import SECRET_KEYS, detect, native_data
+    from fleetspec.model.ansible_host import SECRET_KEYS
+    from fleetspec.model.ansible_inventory import detect, native_data
 
     inv = obj.inv
     hosts = obj.select(targets, False, default_all=True)
     ignored = {}
     kind = detect(inv.path)
-    if kind != "native":
-        data = native_data(inv.path)
+    data = native_data(inv.path) if kind != "native" else None
+    if data is not None:
         ignored = {n: e.get("_ignored_secrets", []) for n, e in data["hosts"].items()}
     if as_json:
         for h in hosts:

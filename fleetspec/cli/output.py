@@ -170,7 +170,7 @@ def verbose_observer(obj, stream=None):
                 for p in sorted((obj.root_path / "playbooks").glob("*.yaml")):
                     launch = (yaml.safe_load(p.read_text()) or {}).get("launch") or {}
                     names.extend(n for n in launch.get("secret_env") or [] if isinstance(n, str))
-            except Exception:  # noqa: BLE001 - no root or a bad playbook: the command says so itself
+            except Exception:  # no root or a bad playbook: the command says so itself
                 pass
         return names[1:]
 

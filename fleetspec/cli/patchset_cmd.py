@@ -57,7 +57,7 @@ def verify(folder, wheels):
     """Check paths, file hashes, and base hashes against the real RECORD (when the wheel is cached)."""
     result = P.verify_patchset(B.load_patchset(folder), wheels)
     ps = result.patchset
-    against = f"RECORD of {result.wheel.name}" if result.record_checked else "no cached wheel: base hashes not checked"
+    against = f"RECORD of {result.wheel.name}" if result.record_checked and result.wheel else "no cached wheel: base hashes not checked"
     echo(f"ok: {ps.root} ({ps.package}=={ps.version}, {len(ps.files)} files; {against})")
 
 

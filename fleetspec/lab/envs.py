@@ -7,12 +7,13 @@ there, so a container without a network can be populated and a warm machine buil
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec"))
+from fleetspec.model.cache import cache_dir
+
+CACHE = cache_dir()
 WHEELS = CACHE / "wheels"
 ENVS = CACHE / "envs"
 

@@ -14,7 +14,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fleetspec.errors import UserError
 from fleetspec.lab import envs
@@ -122,20 +122,24 @@ def ensure_rootfs(log=print) -> bool:
     return True
 
 
-def ensure_base(log=print) -> bool:
-    if marker(base_dir()).exists():
+def build_once(folder: Path, said: str, build: Callable[[], object], log=print) -> bool:
+    """`build()` (after logging `said`) unless `folder`'s marker says it was built: every layer
+    and image is built once. True when it built now."""
+    if marker(folder).exists():
         return False
-    log(f"building base image {base_dir()}")
-    _build_base()
+    log(said)
+    build()
     return True
+
+
+def ensure_base(log=print) -> bool:
+    return build_once(base_dir(), f"building base image {base_dir()}", _build_base, log)
 
 
 def ensure_packages(log=print) -> bool:
-    if marker(packages_layer()).exists():
-        return False
-    log(f"building package layer {packages_layer()} ({', '.join(PACKAGES_RECIPE['packages'])})")
-    _build_packages(fetch_debs())
-    return True
+    return build_once(packages_layer(),
+                      f"building package layer {packages_layer()} ({', '.join(PACKAGES_RECIPE['packages'])})",
+                      lambda: _build_packages(fetch_debs()), log)
 
 
 def fetch_debs(packages=None) -> list[Path]:
@@ -195,13 +199,14 @@ def _build_packages(debs: list[Path], final: Path | None = None, lowers: list[Pa
 
 
 def ensure_layer(version: str, log=print) -> bool:
-    if marker(env_layer(version)).exists():
-        return False
-    log(f"building sglang {version} layer {env_layer(version)} (minutes; offline from {envs.WHEELS})")
-    envs.download_wheels((version,))
-    envs.require_cached(version)
-    _build_env(version)
-    return True
+    def build() -> None:
+        envs.download_wheels((version,))
+        envs.require_cached(version)
+        _build_env(version)
+
+    return build_once(env_layer(version),
+                      f"building sglang {version} layer {env_layer(version)} (minutes; offline from {envs.WHEELS})",
+                      build, log)
 
 
 def _build_base() -> None:

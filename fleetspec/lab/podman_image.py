@@ -21,6 +21,7 @@ from fleetspec.lab.image import (
     _clean_env,
     _digest,
     base_dir,
+    build_once,
     env_layer,
     fetch_debs,
     marker,
@@ -114,20 +115,14 @@ def ensure(versions, log=print) -> bool:
 
 
 def ensure_podman(log=print) -> bool:
-    if marker(podman_layer()).exists():
-        return False
-    log(f"building podman layer {podman_layer()}")
-    _build_packages(fetch_debs(PODMAN_RECIPE["packages"]), podman_layer(), [packages_layer(), base_dir()],
-                    PODMAN_RECIPE["files"])
-    return True
+    return build_once(podman_layer(), f"building podman layer {podman_layer()}",
+                      lambda: _build_packages(fetch_debs(PODMAN_RECIPE["packages"]), podman_layer(),
+                                              [packages_layer(), base_dir()], PODMAN_RECIPE["files"]), log)
 
 
 def ensure_image(version: str, log=print) -> bool:
-    if marker(image_layer(version)).exists():
-        return False
-    log(f"importing {image_name(version)} into {image_layer(version)}")
-    _build_image(version)
-    return True
+    return build_once(image_layer(version), f"importing {image_name(version)} into {image_layer(version)}",
+                      lambda: _build_image(version), log)
 
 
 def _build_image(version: str) -> None:

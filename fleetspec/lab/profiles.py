@@ -145,21 +145,12 @@ def address(name: str, taken: set[str]) -> str:
     raise UserError("the lab network 10.200.0.0/24 is full")
 
 
-def container_unit(exec_start: str) -> str:
-    """A pd host's unit: a stale container removed first, `podman stop` with SGLang's drain time."""
-    return f"""[Unit]
-Description=SGLang server in a container (Qwen3-8B, DFlash)
-Documentation=https://docs.sglang.ai
+# What every lab unit shares: the start after the network, and how it stops and restarts.
+_AFTER_NETWORK = """Documentation=https://docs.sglang.ai
 After=network-online.target
 Wants=network-online.target
-
-[Service]
-Type=simple
-User=root
-ExecStartPre=-{PODMAN} rm -f --ignore sglang
-ExecStart={exec_start}
-ExecStop={PODMAN} stop -t 50 sglang
-KillSignal=SIGTERM
+"""
+_SERVICE_TAIL = """KillSignal=SIGTERM
 TimeoutStopSec=60
 Restart=on-failure
 RestartSec=5
@@ -168,6 +159,20 @@ LimitNOFILE=1048576
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def container_unit(exec_start: str) -> str:
+    """A pd host's unit: a stale container removed first, `podman stop` with SGLang's drain time."""
+    return f"""[Unit]
+Description=SGLang server in a container (Qwen3-8B, DFlash)
+{_AFTER_NETWORK}
+[Service]
+Type=simple
+User=root
+ExecStartPre=-{PODMAN} rm -f --ignore sglang
+ExecStart={exec_start}
+ExecStop={PODMAN} stop -t 50 sglang
+{_SERVICE_TAIL}"""
 
 
 def quadlet_text(p: Profile) -> str:
@@ -237,10 +242,7 @@ WantedBy=multi-user.target
     thin = "Environment=FLEETSPEC_LAB_ENGINE=thin\n" if p.like == "thin" else ""
     return f"""[Unit]
 Description=SGLang server (Qwen3-8B, DFlash)
-Documentation=https://docs.sglang.ai
-After=network-online.target
-Wants=network-online.target
-
+{_AFTER_NETWORK}
 [Service]
 Type=simple
 User=root
@@ -248,15 +250,7 @@ WorkingDirectory=/opt/sglang
 Environment=PYTHONUNBUFFERED=1
 Environment=SGLANG_PLUGINS=
 {thin}ExecStart={exec_start}
-KillSignal=SIGTERM
-TimeoutStopSec=60
-Restart=on-failure
-RestartSec=5
-LimitNOFILE=1048576
-
-[Install]
-WantedBy=multi-user.target
-"""
+{_SERVICE_TAIL}"""
 
 
 def model_configs(p: Profile) -> dict[str, dict]:

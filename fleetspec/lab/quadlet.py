@@ -19,7 +19,7 @@ from typing import Any
 
 from fleetspec.errors import UserError
 from fleetspec.lab import envs
-from fleetspec.lab.image import _digest, marker
+from fleetspec.lab.image import _digest, build_once, marker
 
 SUITE = "trixie"              # Debian 13: podman 5.4.2
 MIRROR = "http://deb.debian.org/debian"
@@ -77,11 +77,8 @@ def fetch_deb() -> Path:
 
 
 def ensure(log=print) -> bool:
-    if marker(layer()).exists():
-        return False
-    log(f"building Quadlet layer {layer()} (the generator from Debian {SUITE}'s podman)")
-    build(fetch_deb())
-    return True
+    return build_once(layer(), f"building Quadlet layer {layer()} (the generator from Debian {SUITE}'s podman)",
+                      lambda: build(fetch_deb()), log)
 
 
 def build(deb: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from fleetspec.errors import ConfigError, UserError
-from fleetspec.model.ansible_host import CONNECTION, FLEETSPEC_VARS, SECRET_KEYS, _host_entry  # noqa: F401
+from fleetspec.model.ansible_host import _host_entry
 from fleetspec.model.yamlload import PureStrictLoader, StrictLoader, load
 
 OVERLAY_SUFFIX = ".fleetspec.yaml"
@@ -100,7 +100,7 @@ def detect(path: Path) -> str:
     if path.suffix in (".ini", ".cfg"):
         return "ini"
     try:
-        data = yaml.load(text, Loader=AnsibleLoader)  # noqa: S506
+        data = yaml.load(text, Loader=AnsibleLoader)
     except yaml.YAMLError:
         # Not YAML: an INI inventory if it has a section header, else the native loader says why.
         return "ini" if _INI_HEADER.search(text) else "native"

@@ -39,10 +39,9 @@ def _ratio(f: Fields, name: str, default: float | None, low: float, high: float 
 
 
 def bake_from(top: Fields) -> BakeSpec | None:
-    if top.data.get("bake") is None:
-        top.get("bake", dict, None)
+    f = top.optional_sub("bake")
+    if f is None:
         return None
-    f = top.sub("bake")
     duration = f.get("duration", float, BakeSpec.duration)
     interval = f.get("interval", float, BakeSpec.interval)
     if duration <= 0:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from fleetspec.errors import ConfigError, UserError
+from fleetspec.model.cache import cache_dir
 
 KERNEL_JSON = "kernel.json"
-KERNEL_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "kernels"
+KERNEL_CACHE = cache_dir() / "kernels"
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any, Collection, Mapping, TypeVar
 
 from fleetspec.errors import ConfigError, UserError
+from fleetspec.model.cache import cache_dir
 from fleetspec.model.names import is_name
 
 MANIFEST = "manifest.json"
 FILES = "files"
 ACTIONS = ("add", "replace")
-WHEEL_CACHE = Path(os.environ.get("FLEETSPEC_CACHE", "/var/cache/fleetspec")) / "wheels"
+WHEEL_CACHE = cache_dir() / "wheels"
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 TOP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(-[A-Za-z0-9_.+]+\.dist-info)?")   # fullmatch
 _SKIP = ("__pycache__",)

@@ -216,10 +216,9 @@ def _options(f: Fields) -> Mapping[str, Scalar]:
 
 
 def _hybrid(top: Fields, options: Mapping[str, Scalar]) -> HybridRule | None:
-    if top.data.get("hybrid") is None:
-        top.get("hybrid", dict, None)
+    f = top.optional_sub("hybrid")
+    if f is None:
         return None
-    f = top.sub("hybrid")
     option = f.get("option", str, required=True)
     if option not in options:
         f.fail("option", f"expected the name of an option (one of: {', '.join(options) or 'none'}), got {option!r}")
@@ -334,10 +333,9 @@ def _probes(f: Fields) -> Probes:
 
 
 def _guard(top: Fields) -> Guard | None:
-    if top.data.get("guard") is None:
-        top.get("guard", dict, None)
+    f = top.optional_sub("guard")
+    if f is None:
         return None
-    f = top.sub("guard")
     guard = Guard(burst=_positive(f, "burst", int, Guard.burst), interval_s=_positive(f, "interval_s", int, Guard.interval_s))
     f.done()
     return guard
@@ -347,10 +345,9 @@ def _gpu_health(top: Fields) -> tuple[str, ...]:
     """`gpu_health: {waive: [check, …]}`: the GPU checks this playbook's deploys let pass."""
     from fleetspec.model.gpuhealth import waiver_errors
 
-    if top.data.get("gpu_health") is None:
-        top.get("gpu_health", dict, None)
+    f = top.optional_sub("gpu_health")
+    if f is None:
         return ()
-    f = top.sub("gpu_health")
     waive = f.get("waive", list, [])
     problem = waiver_errors(waive)
     if problem:

@@ -52,12 +52,12 @@ def load(text: str, fast: type = StrictLoader, pure: type = PureStrictLoader) ->
     """yaml.load with `fast`; a document it refuses is parsed again with `pure`, whose error (same
     mark, a clearer problem) is raised. Both must be SafeLoaders with the same constructors."""
     try:
-        return yaml.load(text, Loader=fast)  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=fast)  # a SafeLoader
     except yaml.YAMLError:
         if fast is pure:
             raise
         try:
-            yaml.load(text, Loader=pure)  # noqa: S506 - a SafeLoader
+            yaml.load(text, Loader=pure)  # a SafeLoader
         except yaml.YAMLError as clearer:
             raise clearer from None
         raise
@@ -153,6 +153,11 @@ class Fields:
         if name not in self.data and required:
             self.fail(name, "missing; expected a mapping")
         return Fields(self.data.get(name), self.path, self.key(name))
+
+    def optional_sub(self, name: str) -> "Fields | None":
+        """The mapping at `name`, or None where the key is absent or null (an optional section)."""
+        self._read.add(name)
+        return None if self.data.get(name) is None else Fields(self.data[name], self.path, self.key(name))
 
     def str_list(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
         value = self.get(name, list, None)

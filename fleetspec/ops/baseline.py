@@ -34,6 +34,7 @@ from fleetspec.remote.lock import RemoteLock
 
 if TYPE_CHECKING:
     from fleetspec.ops.preflight_result import Preflight
+    from fleetspec.remote.facts.sglang import SglangInstall
 
 
 def retake(t: TransportLike, host, root) -> str:
@@ -44,8 +45,8 @@ def retake(t: TransportLike, host, root) -> str:
             raise UserError(f"{host.name}: release {current} is active; run fleetspec rollback {host.name} first")
         unit = gather_unit(t, host.vars.service)
         unit_bytes, dropins, texts = read_unit_files(t, unit)
-        view = _View(host, unit, unit_bytes, dropins, list(exec_command(t, unit_bytes, texts, host.vars.service).argv))
-        view.sglang = facts.gather(t, sglang_fact, python=host.vars.python)
+        view = _View(host, unit, unit_bytes, dropins, list(exec_command(t, unit_bytes, texts, host.vars.service).argv),
+                     facts.gather(t, sglang_fact, python=host.vars.python))
         view.container_facts = _container_facts(t, host, view.exec_argv)
         try:
             old = state.read_baseline()
@@ -77,10 +78,10 @@ def _container_facts(t: TransportLike, host, argv: list[str]) -> dict | None:
 class _View:
     """The fields take_baseline reads, without a full preflight (no playbook is involved)."""
 
-    def __init__(self, host, unit, unit_bytes, dropins, exec_argv):
+    def __init__(self, host, unit, unit_bytes, dropins, exec_argv, sglang: SglangInstall):
         self.host, self.unit, self.unit_bytes, self.dropins, self.exec_argv = host, unit, unit_bytes, dropins, exec_argv
         self.service, self.python = host.vars.service, host.vars.python
-        self.sglang = None
+        self.sglang = sglang
         self.launch: LaunchPlan | None = None
         self.container_facts: dict | None = None
 

@@ -22,7 +22,7 @@ from fleetspec.ops.baseline import take_baseline
 from fleetspec.ops.deploy_failure import FailurePath
 from fleetspec.ops.deploy_router import RouterSteps
 from fleetspec.ops.hoststate import HostState, LedgerWriteFailed
-from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed  # noqa: F401  (the deploy's names)
+from fleetspec.ops.outcome import DeployOutcome, DeployRequest, Outcome, StepFailed
 from fleetspec.ops.preflight_checks import check_interrupted
 from fleetspec.ops.preflight_result import Preflight
 from fleetspec.ops.redaction import secret_refs

@@ -45,7 +45,7 @@ class FailurePath:
                     result = probes.ProbeResult(False, "revert", f"{problem} after the revert", result.waited_s)
         except FleetspecError as err:
             result = probes.ProbeResult(False, "revert", str(err))
-        except Exception as err:  # noqa: BLE001 - whatever the revert met, it failed: say so, exit 3
+        except Exception as err:  # whatever the revert met, it failed: say so, exit 3
             result = probes.ProbeResult(False, "revert", f"internal error: {type(err).__name__}: {err}")
         self.step_seconds["revert"] = round(time.monotonic() - began, 3)
         self.revert_wait = result.waited_s

@@ -45,7 +45,7 @@ class RouterSteps:
             return
         try:
             self.router.take_out()
-        except Exception as err:  # noqa: BLE001 - any error is this step's failure; ensure_back puts it back
+        except Exception as err:  # any error is this step's failure; ensure_back puts it back
             if quiet:
                 self.echo(f"[{self.host.name}] could not take it out of its router before the revert: {err}")
                 return

@@ -64,7 +64,7 @@ def _count(in_flight: InFlight) -> int | None:
     is out of its router, and an exception here would leave it out (the revert never runs)."""
     try:
         left = in_flight()
-    except Exception:  # noqa: BLE001 - a host's /metrics must not decide whether the worker goes back
+    except Exception:  # a host's /metrics must not decide whether the worker goes back
         return None
     return left if isinstance(left, int) and not isinstance(left, bool) and left >= 0 else None
 
@@ -276,7 +276,7 @@ class HostDrain:
         try:
             self.put_back(healthy=False)
             return None
-        except Exception as err:  # noqa: BLE001 - the last word says what is left out, whatever it met
+        except Exception as err:  # the last word says what is left out, whatever it met
             note = (f"{self.seat.worker} is still out of router {self.seat.spec.name} ({err}); the next deploy or "
                     f"rollback of {self.host} puts it back")
             self.echo(f"[{self.host}] {note}")

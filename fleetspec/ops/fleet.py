@@ -76,7 +76,7 @@ def deploy_one(host, playbook, *, connect: Connect, root: Path, options, plan_on
         return deploy(connect(host), req, echo=echo, progress=progress, on_start=started.append)
     except FleetspecError as err:
         return _error_outcome(host, err, echo)
-    except Exception as err:  # noqa: BLE001 - one host's surprise must not end the fleet (nor its abort policy)
+    except Exception as err:  # one host's surprise must not end the fleet (nor its abort policy)
         return _internal_outcome(host, err, echo, switched=bool(started) and started[0].switched)
 
 
@@ -287,7 +287,7 @@ def _rollback_moved(connect: Connect, root: Path, hosts, outcomes, echo, progres
             o.reason = f"rolled back to {back or BASELINE}: the rollout was aborted"
         except FleetspecError as err:
             o.status, o.reason, o.exit_code = "needs_attention", f"abort rollback failed: {err}", 3
-        except Exception as err:  # noqa: BLE001 - one host's surprise must not stop the others' rollback
+        except Exception as err:  # one host's surprise must not stop the others' rollback
             o.status, o.exit_code = "needs_attention", 3
             o.reason = f"abort rollback failed: internal error: {type(err).__name__}: {str(err)[:300]}"
 
@@ -340,7 +340,7 @@ def _rollback_one(host, to, *, connect: Connect, root: Path, echo, progress, on_
     except FleetspecError as err:
         on_error(err)
         return {"host": host.name, "status": "error", "reason": str(err), "exit_code": err.exit_code}
-    except Exception as err:  # noqa: BLE001 - one host's surprise is its row; the next hosts still go
+    except Exception as err:  # one host's surprise is its row; the next hosts still go
         wrapped = NeedsAttention(f"{host.name}: internal error: {type(err).__name__}: {str(err)[:300]}",
                                  f"fleetspec status {host.name}")
         on_error(wrapped)

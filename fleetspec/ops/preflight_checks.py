@@ -60,7 +60,7 @@ def check_loaded(unit, host, service: str) -> None:
         raise NeedsAttention(f"{host.name}: {service}: its unit files ({changed} or a drop-in) changed on disk since "
                              f"systemd loaded them (NeedDaemonReload=yes); a deploy's daemon-reload would start "
                              f"that change unrecorded. Review it, load it, then deploy",
-                             f"ssh {host.name} systemctl daemon-reload")
+                             systemd.on_host_command(host.name, systemd.DAEMON_RELOAD))
 
 
 def check_dropin_order(unit, host, service: str) -> None:
@@ -97,7 +97,7 @@ def check_orphan_dropin(state: HostState, unit, host, baseline_text: str | None 
         raise NeedsAttention(
             f"{host.name}: {state.dropin} is there but {state.layout.baseline} is not: fleetspec's state was "
             f"lost while a release was active; check the unit, remove the drop-in, reload and restart, then retry",
-            f"ssh {host.address} 'rm {state.dropin} && systemctl daemon-reload && systemctl restart {state.service}'")
+            systemd.on_host_command(host.address, systemd.remove_dropin_command(state.dropin, state.service)))
 
 
 def check_interrupted(state: HostState, host: str, ledger: L.ParsedLedger | None = None) -> None:

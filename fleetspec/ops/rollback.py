@@ -92,7 +92,7 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             journal = systemd.journal_tail(t, host.vars.service, 10)
             raise NeedsAttention(f"{host.name}: rolled back to {target} but it is not healthy: {result.reason}; "
                                  f"journal: {' | '.join(journal[-3:])}",
-                                 f"ssh {host.address} journalctl -u {host.vars.service} -n 50")
+                                 systemd.on_host_command(host.address, systemd.journal_command(host.vars.service)))
         if target == BASELINE:
             verify_baseline(t, state, baseline, host.name)
         for rid in interrupted:
@@ -149,14 +149,14 @@ def _router(t, host, seat, state: HostState, lock, echo):
     router = drain.HostDrain(seat, state.record, drain.engine_in_flight(t, host), echo, host.name)
     try:
         router.restore_pending(lock.read_text or "")
-    except Exception as err:  # noqa: BLE001 - a rollback goes on: it is what runs while a release misbehaves
+    except Exception as err:  # a rollback goes on: it is what runs while a release misbehaves
         echo(f"[{host.name}] router {seat.spec.name}: {err}; the restart goes on without the router")
         return None
     try:
         router.take_out()           # min_serving is checked there, right before the removal
     except UserError as err:
         echo(f"[{host.name}] stays in the router while it restarts: {err}")
-    except Exception as err:  # noqa: BLE001 - the restart goes on; _routed puts a worker that left back
+    except Exception as err:  # the restart goes on; _routed puts a worker that left back
         echo(f"[{host.name}] could not take it out of router {seat.spec.name}, the restart goes on: {err}")
     return router
 

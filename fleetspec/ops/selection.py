@@ -20,7 +20,7 @@ def preload_patchsets(playbook) -> dict:
     for version, folder in (getattr(playbook, "patchsets", None) or {}).items():
         try:
             out[version] = load_patchset_once(folder)
-        except Exception as err:  # noqa: BLE001 - kept and raised where today's load raises it
+        except Exception as err:  # kept and raised where today's load raises it
             out[version] = err
     return out
 

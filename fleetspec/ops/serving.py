@@ -20,6 +20,7 @@ from fleetspec.model.inventory import Host
 from fleetspec.model.layout import HostLayout
 from fleetspec.ops import probes, status
 from fleetspec.remote import lock as lock_mod
+from fleetspec.remote import systemd
 from fleetspec.remote.api import TransportLike
 from fleetspec.remote.facts.systemd import SystemdUnit
 from fleetspec.remote.facts.unit_age import UnitAge
@@ -52,7 +53,8 @@ def require_serving(t: TransportLike, host: Host, unit: SystemdUnit, age: UnitAg
         raise held
     if allow_unhealthy:
         return f"{host.name}: {service} is {health} ({note}); deploying onto it as asked (--allow-unhealthy)"
-    look = f"ssh {host.address} systemctl status {service}; ssh {host.address} journalctl -u {service} -n 50"
+    look = (f"{systemd.on_host_command(host.address, systemd.status_command(service))}; "
+            f"{systemd.on_host_command(host.address, systemd.journal_command(service))}")
     if health != status.LOADING:
         raise UserError(f"{host.name}: {service} is {health} ({note}); a deploy starts from a serving engine: "
                         f"look at it ({look}), or replace it with --allow-unhealthy --no-gates")

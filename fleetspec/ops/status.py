@@ -85,7 +85,7 @@ def host_status(transport, host: Host) -> HostStatus:
         _fill(row, transport, host)
     except FleetspecError as err:
         row.error = _short_error(err)
-    except Exception as err:  # noqa: BLE001 - one broken host must not hide the others
+    except Exception as err:  # one broken host must not hide the others
         row.error = f"{type(err).__name__}: {_short_error(err)}"
     row.seconds = round(time.monotonic() - start, 3)
     return row
@@ -255,7 +255,7 @@ def _unit_drift(t: TransportLike, host: Host, files: unit_files.UnitFiles | Flee
 
 
 def _stale_holder(raw):
-    from fleetspec.remote.lock import Holder
+    from fleetspec.remote.lock_holder import Holder
 
     try:
         holder = Holder(**raw) if isinstance(raw, dict) and "unparsed" not in raw else None

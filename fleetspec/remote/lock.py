@@ -31,7 +31,7 @@ from fleetspec.errors import RemoteError, UserError
 from fleetspec.identity import controller_id, machine_boot
 from fleetspec.remote import files
 from fleetspec.remote.api import Channel, TransportLike
-from fleetspec.remote.lock_holder import (  # noqa: F401 - the holder's names, imported from here too
+from fleetspec.remote.lock_holder import (
     Holder,
     ended_here,
     heartbeat_age,
@@ -41,7 +41,6 @@ from fleetspec.remote.lock_holder import (  # noqa: F401 - the holder's names, i
     holders_dir,
     read_holder,
     record_path,
-    session_beating,
     stale_after_s,
 )
 from fleetspec.remote.ssh_lib import paramiko

@@ -34,7 +34,7 @@ def parse(text: str) -> list[Sample]:
     try:
         return [Sample(s.name, tuple((str(k), str(v)) for k, v in s.labels.items()), float(s.value))
                 for family in text_string_to_metric_families(text) for s in family.samples]
-    except Exception as err:  # noqa: BLE001 - a hostile scrape must be "missing", whatever the parser met
+    except Exception as err:  # a hostile scrape must be "missing", whatever the parser met
         raise Unreadable(f"/metrics is not Prometheus text ({type(err).__name__}: {str(err)[:120]})") from None
 
 

@@ -113,7 +113,7 @@ class RouterClient:
         1e999 or "x") must fail the call, not escape as a TypeError, OverflowError or AttributeError."""
         try:
             return read(data)
-        except Exception:  # noqa: BLE001 - any shape the router sent is one failed request
+        except Exception:  # any shape the router sent is one failed request
             raise RemoteError(f"{self.name}: {what}: unexpected answer {_short(data)}") from None
 
     def workers(self) -> list[Worker]:
@@ -162,5 +162,5 @@ def _short(data: Any) -> str:
     """At most 200 characters of an answer for a message (hostjson bounds its nesting)."""
     try:
         return str(data)[:200]
-    except Exception:  # noqa: BLE001 - a message must not fail on what it quotes
+    except Exception:  # a message must not fail on what it quotes
         return f"<{type(data).__name__}>"

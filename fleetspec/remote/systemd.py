@@ -37,6 +37,26 @@ def daemon_reload(t: TransportLike) -> None:
     t.run_script(DAEMON_RELOAD, timeout=120, check=True)
 
 
+# What a message tells an operator to run (fleetspec never runs these): built here with the rest of
+# systemd's command lines, each word quoted, so ops/ writes no shell of its own.
+def on_host_command(address: str, command: str) -> str:
+    """`ssh ADDRESS 'COMMAND'`: `command` run on the host from the operator's shell."""
+    return f"ssh {q(address)} {q(command)}"
+
+
+def status_command(service: str) -> str:
+    return f"systemctl status {q(service)}"
+
+
+def journal_command(service: str, lines: int = 50) -> str:
+    return f"journalctl -u {q(service)} -n {int(lines)}"
+
+
+def remove_dropin_command(dropin: str, service: str) -> str:
+    """Drop a drop-in and start the unit without it."""
+    return f"rm {q(dropin)} && {DAEMON_RELOAD} && systemctl restart {q(service)}"
+
+
 def journal_tail(t: TransportLike, service: str, lines: int = 20) -> list[str]:
     """The unit's last `lines` journal lines (evidence for a failed probe; empty when unreadable)."""
     r = t.run_script(f"journalctl --unit={q(service)} -n {int(lines)} --no-pager -o cat 2>&1", timeout=30, check=False)

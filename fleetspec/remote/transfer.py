@@ -59,7 +59,7 @@ class FileTransfer:
         if sftp is not None:
             try:
                 sftp.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
+            except Exception:  # closing is best effort
                 pass
 
     def put_bytes(self, data: bytes, path: str, mode: int = 0o644, durable: bool = True) -> None:

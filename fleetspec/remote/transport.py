@@ -221,7 +221,7 @@ class Transport:
         if self._ssh is not None:
             try:
                 self._ssh.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
+            except Exception:  # closing is best effort
                 pass
         self._ssh = None
         self._close_jumps()
@@ -230,7 +230,7 @@ class Transport:
         for jump in reversed(self._jumps):
             try:
                 jump.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
+            except Exception:  # closing is best effort
                 pass
         self._jumps = []
 

@@ -117,7 +117,7 @@ def test_override_dropin_with_at_prefix_is_beaten_and_rolled_back_exactly(lab_fl
     fs(lab_fleet, "rollback", host, check_rc=0)
     after = sh(lab_fleet, host, TREE)
     # unit, override.conf and ExecStart byte-exact; only fleetspec's own state folder grew
-    keep = lambda text: [ln for ln in text.splitlines() if "/var/lib/fleetspec" not in ln]   # noqa: E731
+    keep = lambda text: [ln for ln in text.splitlines() if "/var/lib/fleetspec" not in ln]
     assert keep(after) == keep(before)
 
 
@@ -131,7 +131,7 @@ def test_sglang_serve_unit_deploys_and_rolls_back_exactly(lab_fleet, host):
     shown = sh(lab_fleet, host, f"systemctl show -p ExecStart --value {SERVICE}")
     assert f"argv[]={venv_bin}/sglang serve {ARGS[1]} " in shown
     fs(lab_fleet, "rollback", host, check_rc=0)
-    keep = lambda text: [ln for ln in text.splitlines() if "/var/lib/fleetspec" not in ln]   # noqa: E731
+    keep = lambda text: [ln for ln in text.splitlines() if "/var/lib/fleetspec" not in ln]
     assert keep(sh(lab_fleet, host, TREE)) == keep(before)
 
 

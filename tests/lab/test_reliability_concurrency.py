@@ -110,7 +110,7 @@ def _release(proc):
 
 def test_live_holder_is_never_stolen_and_a_dead_one_never_blocks(rel):
     from fleetspec.identity import controller_id, machine_boot
-    from fleetspec.remote.lock import Holder
+    from fleetspec.remote.lock_holder import Holder
 
     host = rel.h2
     snap = rel.ensure_baseline(host)
@@ -156,7 +156,7 @@ def test_live_holder_is_never_stolen_and_a_dead_one_never_blocks(rel):
 
 
 def test_holder_on_another_machine_blocks_until_unlock_force(rel):
-    from fleetspec.remote.lock import Holder
+    from fleetspec.remote.lock_holder import Holder
 
     host = rel.h2
     rel.ensure_baseline(host)

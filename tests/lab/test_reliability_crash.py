@@ -33,7 +33,8 @@ POINTS = ([("release", step, 0.0) for step in RELEASE_STEPS]
              ("in-place", "switch.files", 0.0),  # live files replaced, `current` not yet flipped
              ("in-place", "restart", 0.0),
              ("in-place", "probes", 0.0),
-             ("in-place", "probes", 4.0)])      # while the new engine loads
+             ("in-place", "probes", 4.0)])      # while the new engine loads (slow_load: it loads for minutes)
+LOADING = "slow_load=300"   # the +Ns probes point: the engine still loads at the kill, however fast the machine
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +50,18 @@ def test_sigkill_at_each_step(rel, mode, step, after):
     pid_before = rel.lab.main_pid(host)
     if step == "smoke" and after:     # killed while the tests run: no kept verdict to replay at once
         rel.lab.sh(host, "rm -rf /var/lib/fleetspec/smoke-verdicts")
-    proc = R.start_paused(rel.root, host, step, "--algo", "ddtree", "--no-gates", "--mode", mode)
-    if after:
-        os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(after)
-    R.kill(proc)
+    loading = step == "probes" and after > 0
+    if loading:           # read at start by the engine that the deploy's restart starts
+        R.lab_fault(host, LOADING)
+    try:
+        proc = R.start_paused(rel.root, host, step, "--algo", "ddtree", "--no-gates", "--mode", mode)
+        if after:
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(after)
+        R.kill(proc)
+    finally:
+        if loading:
+            R.clear_faults(host)
     R.count("crash points")
     assert rel.lab.lock_free(host, wait=30), "a killed deploy's lock was not freed"
     s = R.status(rel.root, host)

@@ -96,7 +96,7 @@ def native_text(key: Path, kh: Path, port_a: int, port_b: int) -> str:
 
 
 def same(a, b):
-    strip = lambda inv: {n: dataclasses.replace(h, inventory_path=None) for n, h in inv.hosts.items()}  # noqa: E731
+    strip = lambda inv: {n: dataclasses.replace(h, inventory_path=None) for n, h in inv.hosts.items()}
     assert strip(a) == strip(b)
     for n in a.hosts:            # Host.__eq__ covers vars only by hash; compare them field by field
         assert a.hosts[n].vars == b.hosts[n].vars and dict(a.hosts[n].vars.extra) == dict(b.hosts[n].vars.extra), n

@@ -22,6 +22,15 @@ def _running(pid):
         return False
 
 
+def _until(check, within: float) -> bool:
+    """check() once it holds, polled up to `within` s (the end of a killed process is an event:
+    how long it takes to come depends on the machine)."""
+    end = time.monotonic() + within
+    while not check() and time.monotonic() < end:
+        time.sleep(0.05)
+    return check()
+
+
 def test_started_process_outlives_the_command_and_its_verdict_is_read_later(t, tmp_path):
     """The process waits for a gate that the test opens only after `start` returned: a `start` that
     waited for the process would never return (no wall-clock threshold, so a loaded machine cannot
@@ -44,10 +53,12 @@ def test_the_timeout_ends_the_whole_group_and_the_verdict_says_no_exit_code(t, t
     background.start(t, str(folder), "sleep 30 & sleep 30", stdin=b"", timeout_s=1)
     v = background.wait(t, str(folder), timeout=30)
     assert v.rc in (None, 124)          # timeout's own code when the shell outlived its TERM
-    time.sleep(0.3)
-    left = [p for p in subprocess.run(["pgrep", "-s", str(_pid(folder))], capture_output=True,
-                                       text=True).stdout.split() if _running(int(p))]
-    assert left == [], f"processes of the runner's session still alive: {left}"
+
+    def left():
+        return [p for p in subprocess.run(["pgrep", "-s", str(_pid(folder))], capture_output=True,
+                                          text=True).stdout.split() if _running(int(p))]
+    # the kills are sent; their end is awaited (a sleep 30 left alive would still be there at the end)
+    assert _until(lambda: not left(), 25), f"processes of the runner's session still alive: {left()}"
 
 
 def test_stop_kills_the_running_group_and_not_a_reused_pid(t, tmp_path):
@@ -55,8 +66,7 @@ def test_stop_kills_the_running_group_and_not_a_reused_pid(t, tmp_path):
     background.start(t, str(folder), "sleep 30", stdin=b"", timeout_s=60)
     pid = _pid(folder)
     assert background.stop(t, str(folder)) is True
-    time.sleep(0.2)
-    assert not _running(pid)
+    assert _until(lambda: not _running(pid), 25)        # its sleep 30 would outlive that
     assert background.wait(t, str(folder), timeout=10).rc is None
     other = subprocess.Popen(["sleep", "30"])     # the recorded pid now names a process that is not the runner
     try:

@@ -17,10 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fleetspec.build import kernel as KB  # noqa: E402
-from fleetspec.model import payload  # noqa: E402
-from fleetspec.ops.smoke_run import kernel_path  # noqa: E402
-from fleetspec.remote import smoke_host as smoke  # noqa: E402
+from fleetspec.build import kernel as KB
+from fleetspec.model import payload
+from fleetspec.ops.smoke_run import kernel_path
+from fleetspec.remote import smoke_host as smoke
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"

@@ -10,10 +10,10 @@ import random
 import pytest
 
 torch = pytest.importorskip("torch")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetspec.model import payload  # noqa: E402
+from fleetspec.model import payload
 
 
 def _load():

@@ -14,11 +14,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fleetspec.build import kernel as KB  # noqa: E402
-from fleetspec.errors import ConfigError, UserError  # noqa: E402
-from fleetspec.model import kernel as K  # noqa: E402
-from fleetspec.model import payload  # noqa: E402
-from fleetspec.remote.facts import torch as torch_fact  # noqa: E402
+from fleetspec.build import kernel as KB
+from fleetspec.errors import ConfigError, UserError
+from fleetspec.model import kernel as K
+from fleetspec.model import payload
+from fleetspec.remote.facts import torch as torch_fact
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"

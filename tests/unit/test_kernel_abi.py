@@ -16,12 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fleetspec.build import kernel as KB  # noqa: E402
-from fleetspec.errors import UserError  # noqa: E402
-from fleetspec.model import kernel as K  # noqa: E402
-from fleetspec.ops.selection import kernel_facts  # noqa: E402
-from fleetspec.remote.facts import gpu as gpu_fact  # noqa: E402
-from fleetspec.remote.facts import torch as torch_fact  # noqa: E402
+from fleetspec.build import kernel as KB
+from fleetspec.errors import UserError
+from fleetspec.model import kernel as K
+from fleetspec.ops.selection import kernel_facts
+from fleetspec.remote.facts import gpu as gpu_fact
+from fleetspec.remote.facts import torch as torch_fact
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"

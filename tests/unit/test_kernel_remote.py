@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fleetspec.build import kernel as KB  # noqa: E402
-from fleetspec.model import kernel as K  # noqa: E402
-from fleetspec.remote.files import RUN_DIR  # noqa: E402
+from fleetspec.build import kernel as KB
+from fleetspec.model import kernel as K
+from fleetspec.remote.files import RUN_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "playbooks/ddtree/kernels/tree_mask"

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)   # tiny tensors: the intra-op pool only adds latency on a busy machine
 
-from fleetspec.lab.engine.fleetspec_lab_engine import decode, model  # noqa: E402
-from tests.ddtree_mutations import MUTATIONS, mutate  # noqa: E402
+from fleetspec.lab.engine.fleetspec_lab_engine import decode, model
+from tests.ddtree_mutations import MUTATIONS, mutate
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "playbooks/ddtree/payload/ddtree_utils.py"

@@ -9,7 +9,6 @@ charged to the step whose "ok" line it carried, else to the step it started.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.playbook import Smoke
 from fleetspec.ops.hoststate import PRELUDE_MARKER, HostState, LedgerWriteFailed
 from fleetspec.remote.lock import LockLost, RemoteLock, force_unlock
+from tests.unit.test_lock import until_stale
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_a_lost_lock_stops_the_command_before_its_work(t, tmp_path, monkeypatch,
     marker = tmp_path / "ran"
     state.defer(L.Entry.step("R1", "baseline", "ok"))
     mine.stop_heartbeat()
-    time.sleep(2.2)                       # the host sees the heartbeat in whole seconds
+    until_stale(t, lock, mine.holder)     # as the host sees it, in whole seconds
     monkeypatch.setenv(ENV, "controller-bbbbbbbb")
     force_unlock(t, lock)
     new = RemoteLock(t, lock, release="r-new").__enter__()

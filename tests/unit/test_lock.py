@@ -23,7 +23,8 @@ from fleetspec.model.inventory import load_inventory
 from fleetspec.model.layout import HostLayout
 from fleetspec.model.playbook import Smoke
 from fleetspec.ops.hoststate import HostState
-from fleetspec.remote.lock import Holder, LockLost, RemoteLock, force_unlock, is_held, read_holder, record_path
+from fleetspec.remote.lock import LockLost, RemoteLock, force_unlock, is_held
+from fleetspec.remote.lock_holder import Holder, heartbeat_age, heartbeat_path, read_holder, record_path, stale_after_s
 from fleetspec.remote.transport import Transport
 
 A, B = "controller-aaaaaaaa", "controller-bbbbbbbb"
@@ -58,6 +59,36 @@ def _holder(controller: str, pid: int, machine: str | None = None) -> Holder:
     """A holder recorded on this machine in this boot (machine_boot), as a RemoteLock here writes it."""
     return Holder(who="ci", machine=machine or socket.gethostname(), pid=pid, since=time.time(), release="r-held",
                   controller=controller, token=secrets.token_hex(16), boot=machine_boot())
+
+
+def until_stale(t, lock: str, holder: Holder, within: float = 60) -> None:
+    """Wait until the host reads `holder`'s heartbeat as stale (older than the stale limit, in the
+    host's whole seconds): the state itself, awaited, rather than a sleep standing for it (a last
+    heartbeat still in flight lands whenever the machine gets to it)."""
+    end = time.monotonic() + within
+    while (heartbeat_age(t, lock, holder) or 0.0) <= stale_after_s():
+        assert time.monotonic() < end, f"{holder.token}'s heartbeat never went stale"
+        time.sleep(0.1)
+
+
+def backdate_heartbeat(lock: str, holder: Holder, seconds: float = 3600) -> float:
+    """Make the heartbeat file look `seconds` old (the host is this machine): only a new heartbeat
+    makes it fresh again. Returns the mtime set."""
+    import os
+
+    old = time.time() - seconds
+    os.utime(heartbeat_path(lock, holder.token), (old, old))
+    return old
+
+
+def until_beat(lock: str, holder: Holder, since: float, within: float = 60) -> None:
+    """Wait for a heartbeat written after `since` (the file's mtime moves past it)."""
+    import os
+
+    end = time.monotonic() + within
+    while os.stat(heartbeat_path(lock, holder.token)).st_mtime <= since:
+        assert time.monotonic() < end, "no heartbeat came"
+        time.sleep(0.02)
 
 
 def test_controller_id_is_made_once_kept_0600_and_reused(tmp_path, monkeypatch):
@@ -99,12 +130,16 @@ def test_unlock_force_refuses_a_holder_whose_session_is_alive_on_the_host(t, tmp
     held = RemoteLock(t, lock, release="r-held", holder=_holder(A, 4242, machine="bastion.example")).__enter__()
     try:
         monkeypatch.setenv(ENV, B)
-        time.sleep(2.2)                                 # older than the stale limit: only heartbeats keep it
+        # an hour old but for the heartbeats, which the host must see come: a stale limit no stall
+        # of this machine reaches keeps the verdict theirs alone
+        monkeypatch.setenv("FLEETSPEC_LOCK_STALE_S", "30")
+        until_beat(lock, held.holder, backdate_heartbeat(lock, held.holder))
         with pytest.raises(UserError, match="still alive"):
             force_unlock(t, lock)
         assert is_held(t, lock)
         held.stop_heartbeat()
-        time.sleep(2.2)
+        monkeypatch.setenv("FLEETSPEC_LOCK_STALE_S", "1")
+        until_stale(t, lock, held.holder)
         ended = force_unlock(t, lock)
         assert ended.token == held.holder.token and not is_held(t, lock)
     finally:
@@ -117,7 +152,7 @@ def test_unlock_force_refuses_a_live_process_of_this_controller(t, tmp_path, mon
     sleeper = subprocess.Popen(["sleep", "60"])
     held = RemoteLock(t, lock, release="r", holder=_holder(A, sleeper.pid), heartbeat=False).__enter__()
     try:
-        time.sleep(2.2)                                 # heartbeat stale, but the process is alive here
+        backdate_heartbeat(lock, held.holder)           # heartbeat stale, but the process is alive here
         with pytest.raises(UserError, match="still running"):
             force_unlock(t, lock)
     finally:
@@ -135,7 +170,7 @@ def _state(t, tmp_path) -> HostState:
 def _steal(t, lock: str, old: RemoteLock, monkeypatch) -> RemoteLock:
     """Another controller forces the (now silent) holder out and takes the lock."""
     old.stop_heartbeat()
-    time.sleep(2.2)
+    until_stale(t, lock, old.holder)
     monkeypatch.setenv(ENV, B)
     assert force_unlock(t, lock).token == old.holder.token
     return RemoteLock(t, lock, release="r-new").__enter__()
@@ -252,7 +287,7 @@ def test_a_steps_ok_line_travels_with_the_next_line_in_one_command_in_order(t, t
     state = _state(t, tmp_path)
     state.mirror = tmp_path / "mirror"
     seen = []
-    observer = lambda host, what, seconds, outcome: seen.append(what)  # noqa: E731
+    observer = lambda host, what, seconds, outcome: seen.append(what)
     transport.add_observer(observer)
     try:
         state.record(L.Entry.step("R1", "stage", "started"))

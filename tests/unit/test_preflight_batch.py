@@ -132,7 +132,8 @@ def test_a_deploys_prune_rides_with_its_last_lines_and_the_locks_release(t, tmp_
     from fleetspec.model import ledger as L
     from fleetspec.ops import planning
     from fleetspec.ops.hoststate import HostState
-    from fleetspec.remote.lock import RemoteLock, holders_dir
+    from fleetspec.remote.lock import RemoteLock
+    from fleetspec.remote.lock_holder import holders_dir
 
     root = tmp_path / "state"
     base = root / "sglang-test"
@@ -165,7 +166,8 @@ def test_a_release_that_cannot_be_pruned_is_a_note_and_the_lock_files_still_go(t
     from fleetspec.model import ledger as L
     from fleetspec.ops import planning
     from fleetspec.ops.hoststate import HostState
-    from fleetspec.remote.lock import RemoteLock, holders_dir
+    from fleetspec.remote.lock import RemoteLock
+    from fleetspec.remote.lock_holder import holders_dir
 
     root = tmp_path / "state"
     base = root / "sglang-test"

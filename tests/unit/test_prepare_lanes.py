@@ -70,7 +70,7 @@ def test_a_layer_lane_waits_for_the_base_image_and_a_rootfs_failure_releases_it(
 
     monkeypatch.setattr(prepare.image, "ensure_base", lambda log: base())
     monkeypatch.setattr(prepare.image, "marker", lambda folder: type("M", (), {"exists": lambda self: "base" in order})())
-    lanes = lambda rootfs: [[("download", lambda: True)],   # noqa: E731
+    lanes = lambda rootfs: [[("download", lambda: True)],
                             [("rootfs", rootfs), ("base image", prepare._base_then_open)],
                             [("base image (waited for)", prepare._wait_for_base),
                              ("layer sglang 0.5.23", lambda: order.append("layer") or True)]]

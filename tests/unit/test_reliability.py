@@ -20,7 +20,7 @@ from fleetspec.model import ledger as L
 from fleetspec.model.release import Release
 from fleetspec.remote import files
 from fleetspec.remote.facts import release_state
-from fleetspec.remote.lock import Holder
+from fleetspec.remote.lock_holder import Holder
 from fleetspec.remote.release_files import in_place_apply_script, in_place_undo_script
 
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetspec.remote import files
-from fleetspec.remote.lock import BUSY, Holder, acquire_script
+from fleetspec.remote.lock import BUSY, acquire_script
+from fleetspec.remote.lock_holder import Holder
 
 
 def bash(script: str, **kw) -> subprocess.CompletedProcess:

@@ -254,7 +254,7 @@ def test_rollback_sh_runs_nothing_from_names_labels_or_reason(tmp_path_factory, 
         calls.append(words[1:1 + n])
         words = words[1 + n:]
     assert calls[-1] == [b"restart", b"--", service.encode()]
-    flat = lambda s: "".join(" " if ord(c) < 32 else c for c in s)      # noqa: E731 - control chars become spaces
+    flat = lambda s: "".join(" " if ord(c) < 32 else c for c in s)  # control chars become spaces
     lines = [json.loads(x) for x in (state / "ledger.jsonl").read_text().split("\n") if x]
     assert [(x["name"], x["release"], x["detail"]["reason"]) for x in lines] == \
         [("rollback.sh", flat(rid), flat(reason or "operator")), ("release", flat(rid), flat(reason or "operator"))]

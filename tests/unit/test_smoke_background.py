@@ -59,7 +59,9 @@ def _alive(pid) -> bool:
         return False
 
 
-def _gone(pid, within=3.0) -> bool:
+def _gone(pid, within=30.0) -> bool:
+    """The runner's end, awaited as an event (a kill's effect comes when the machine gets to it);
+    `within` stays far below the 60 s the runner would live unkilled."""
     end = time.monotonic() + within
     while _alive(pid) and time.monotonic() < end:
         time.sleep(0.05)

@@ -175,8 +175,12 @@ def test_the_prestages_smoke_runner_is_kept_only_when_it_passed_or_runs_on_the_s
     rel = tmp_path / "state" / "releases" / "r1"
     folder, runs = str(rel / "smoke"), tmp_path / "runs"
 
-    def then(stdin="smoke input", code="0", sleep=0.0):
-        src = (f"import sys, time; open({str(runs)!r}, 'a').write('x'); time.sleep({sleep}); "
+    gate = tmp_path / "gate"
+
+    def then(stdin="smoke input", code="0", held=False):
+        # held: the runner waits for the gate, so it is still running whatever the machine's speed
+        wait = f"while not os.path.exists({str(gate)!r}): time.sleep(0.02)\n" if held else ""
+        src = (f"import os, sys, time\nopen({str(runs)!r}, 'a').write('x')\n{wait}"
                f"print(sys.stdin.read().upper()); sys.exit({code})")
         script = background.start_script(folder, files.python_c(sys.executable, src, rundir=str(tmp_path / "run")),
                                          timeout_s=60)
@@ -201,9 +205,11 @@ def test_the_prestages_smoke_runner_is_kept_only_when_it_passed_or_runs_on_the_s
     background.wait(t, folder, timeout=30)
     assert runs.read_text() == "xxxx"
 
-    restage(then(sleep=3))                                  # still running: kept, its verdict awaited
-    staged = restage(then(sleep=3))
-    assert staged.smoke_kept and background.wait(t, folder, timeout=30).rc == 0 and runs.read_text() == "xxxxx"
+    restage(then(held=True))                                # still running: kept, its verdict awaited
+    staged = restage(then(held=True))
+    assert staged.smoke_kept and not os.path.exists(f"{folder}/rc")
+    gate.touch()
+    assert background.wait(t, folder, timeout=30).rc == 0 and runs.read_text() == "xxxxx"
 
     (rel / "manifest.json").write_text('{"id": "r1", "edited": true}\n')     # not reused: nothing kept
     staged = restage(then())

@@ -1,7 +1,7 @@
 """`fleetspec status` against a fleet of real sshds on loopback, one of them stopped."""
 
 import json
-import time
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -27,18 +27,28 @@ def fleet(sshd_factory, tmp_path_factory, ssh_client_key, inventory_writer, fake
     c.start()
 
 
+class _AllAtOnce:
+    """The pool, whose get() returns only once every host has asked for its transport: a
+    fleet_status that queried the hosts one after another would never get past it (the
+    parallelism shown by an event, not by a bound on the seconds)."""
+
+    def __init__(self, pool, hosts: int):
+        self.pool, self.barrier = pool, threading.Barrier(hosts, timeout=120)
+
+    def get(self, host):
+        self.barrier.wait()
+        return self.pool.get(host)
+
+
 def test_fleet_status_rows(fleet):
     root, inv_path = fleet
     hosts = load_inventory(inv_path).select([], all_hosts=True)
-    start = time.monotonic()
     with TransportPool() as pool:
-        rows = fleet_status(pool, hosts)
-    elapsed = time.monotonic() - start
+        rows = fleet_status(_AllAtOnce(pool, len(hosts)), hosts)     # in parallel: the dead host holds up no other
     a, b, c = rows
     assert [r.host for r in rows] == ["a", "b", "c"]
     assert a.reachable and b.reachable and not c.reachable
-    assert "cannot reach 127.0.0.1" in c.error and c.seconds < 3.5
-    assert elapsed < 8  # in parallel: the dead host costs its connect timeout, not a sum
+    assert "cannot reach 127.0.0.1" in c.error
     assert a.health == "ok" and a.algo == "NEXTN" and a.served_algo == "EAGLE"
     assert b.health == "down" and b.algo is None
     # No systemd and no sglang on this machine: reported, not raised.
@@ -47,10 +57,8 @@ def test_fleet_status_rows(fleet):
 
 def test_status_cli_json(fleet):
     root, inv_path = fleet
-    start = time.monotonic()
     result = CliRunner().invoke(main, ["--root", str(root), "status", "--all", "--json"])
     assert result.exit_code == 0, result.output
-    assert time.monotonic() - start < 8
     lines = [json.loads(line) for line in result.output.splitlines()]
     assert [(d["host"], d["reachable"]) for d in lines] == [("a", True), ("b", True), ("c", False)]
     assert lines[0]["algo"] == "NEXTN" and lines[2]["error"]

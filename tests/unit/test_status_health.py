@@ -26,9 +26,11 @@ from fleetspec.remote.transport import TransportPool
 from tests.conftest import Sshd, free_port
 
 SERVER = textwrap.dedent("""\
-    import http.server, sys, time
-    port, delay, code = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    import http.server, os, sys, time
+    port, delay, code, gate = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     time.sleep(delay)                      # the model load: the port stays closed meanwhile
+    while gate and not os.path.exists(gate):      # ... or until the test opens the gate
+        time.sleep(0.05)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(code if self.path == "/health" else 404)
@@ -63,9 +65,9 @@ class Unit:
     def __init__(self, state, port):
         self.state, self.port, self.proc = state, port, None
 
-    def start(self, delay: float, code: int = 200, started_ago: float = 0.0) -> None:
+    def start(self, delay: float, code: int = 200, started_ago: float = 0.0, gate: str = "") -> None:
         self.stop()
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(self.port), str(delay), str(code)],
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(self.port), str(delay), str(code), gate],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         (self.state / "pid").write_text(str(self.proc.pid))
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ago
@@ -116,7 +118,7 @@ def one(root):
 
 def test_loading_then_down_then_unhealthy_then_ok(fleet):
     root, unit = fleet
-    unit.start(delay=60)                       # the model takes a minute to load
+    unit.start(delay=3600)                     # a model load that outlasts the test
     row = one(root)
     assert row.reachable and row.state == "active/running"
     assert row.health == "loading" and row.http == "refused", row
@@ -128,7 +130,7 @@ def test_loading_then_down_then_unhealthy_then_ok(fleet):
     assert row.health == "down" and row.state == "failed", row
     assert any("down: unit failed/failed" in n for n in row.notes), row.notes
 
-    unit.start(delay=60, started_ago=45)       # still loading 45 s after start: past the 30 s timeout
+    unit.start(delay=3600, started_ago=45)     # still loading 45 s after start: past the 30 s timeout
     row = one(root)
     assert row.health == "down" and row.state == "active/running", row
     assert any("past the ready timeout (30s)" in n for n in row.notes), row.notes
@@ -149,10 +151,24 @@ def _until(check, timeout=20):
         time.sleep(0.3)
 
 
-def test_watch_waits_for_a_load_and_says_ok(fleet):
+def test_watch_waits_for_a_load_and_says_ok(fleet, monkeypatch):
+    """The load ends once the watch has shown it loading (a gate the watch's own round opens, not a
+    delay the first round might outlast on a loaded machine)."""
     root, unit = fleet
-    unit.start(delay=3)
-    r = CliRunner().invoke(main, ["--root", str(root), "status", "--watch", "--deadline", "40", "--interval", "0.5"])
+    gate = fleet[0].parent / "loaded"
+    gate.unlink(missing_ok=True)
+    unit.start(delay=0, gate=str(gate))
+    real = S.watch
+
+    def watch(*args, on_round, **kw):
+        def round_seen(rows, elapsed):
+            on_round(rows, elapsed)
+            if any(r.health == S.LOADING for r in rows):
+                gate.touch()
+        return real(*args, on_round=round_seen, **kw)
+
+    monkeypatch.setattr(S, "watch", watch)
+    r = CliRunner().invoke(main, ["--root", str(root), "status", "--watch", "--deadline", "300", "--interval", "0.5"])
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert any(ln.endswith("ct203 loading") for ln in lines), r.output     # it saw the load …
@@ -161,7 +177,7 @@ def test_watch_waits_for_a_load_and_says_ok(fleet):
 
 def test_watch_deadline_exit_codes(fleet):
     root, unit = fleet
-    unit.start(delay=120)
+    unit.start(delay=3600)
     r = CliRunner().invoke(main, ["--root", str(root), "status", "--watch", "--deadline", "1", "--interval", "0.5"])
     assert r.exit_code == 4, r.output                                       # still loading at the deadline
     assert "deadline 1s passed; not ok: ct203 (loading)" in r.output
@@ -187,7 +203,7 @@ def test_classify_is_pure():
 @pytest.mark.parametrize("columns", [80, 160])
 def test_table_fits_the_terminal_and_cuts_nothing(fleet, columns):
     root, unit = fleet
-    unit.start(delay=60)
+    unit.start(delay=3600)
     r = CliRunner().invoke(main, ["--root", str(root), "status"], env={"COLUMNS": str(columns), "NO_COLOR": "1"})
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()

@@ -82,12 +82,20 @@ def test_put_is_atomic_for_a_concurrent_reader(transport, tmp_path):
     assert seen <= {b"A\x01", b"B\x01"}
 
 
-def test_command_timeout(transport):
-    start = time.monotonic()
-    with pytest.raises(RemoteError, match="timed out after 0.5s"):
-        transport.run(["sleep", "5"], timeout=0.5)
-    assert time.monotonic() - start < 4.5     # not the 5 s of the command
-    assert transport.run(["true"], timeout=20).ok  # the connection survives
+def test_command_timeout(tmp_path, inventory_writer, sshd, ssh_client_key):
+    """The timeout ends the wait while the command still runs: the command runs as long as its
+    connection and marks its own end, and that mark is not there when the error comes (no bound
+    on the seconds, which a loaded machine stretches). Its own connection: the command outlives
+    the error, so the module's shared one would carry it into the next tests."""
+    t = Transport(host_for(tmp_path, inventory_writer, sshd, ssh_client_key))
+    done = tmp_path / "done"
+    try:
+        with pytest.raises(RemoteError, match="timed out after 0.5s"):
+            t.run(["sh", "-c", f"while kill -0 $PPID 2>/dev/null; do sleep 0.05; done; touch {done}"], timeout=0.5)
+        assert not done.exists()
+        assert t.run(["true"], timeout=20).ok  # the connection survives
+    finally:
+        t.close()
 
 
 def test_a_command_that_closed_its_output_is_awaited_without_spinning(transport, monkeypatch):
@@ -142,7 +150,7 @@ def test_http_through_tunnel(transport):
         server.shutdown()
         server.server_close()
     with pytest.raises(RemoteError, match="connection refused"):
-        transport.http("GET", port, "/health", timeout=3)
+        transport.http("GET", port, "/health", timeout=30)
 
 
 def test_unknown_host_key_refused_then_accepted(tmp_path, inventory_writer, sshd, ssh_client_key):
@@ -180,31 +188,62 @@ def test_changed_host_key_always_refused(tmp_path, inventory_writer, sshd, ssh_c
     assert kh.read_text().count("\n") == 1
 
 
-def test_unreachable_port_within_connect_timeout(tmp_path, inventory_writer, sshd, ssh_client_key):
+def test_unreachable_port_within_connect_timeout(tmp_path, inventory_writer, sshd, ssh_client_key, monkeypatch):
+    """A refused port is given up on once connect_timeout has passed: the error names the address
+    and comes on its own, every try refused (no bound on the seconds: the retry itself is
+    test_connect_retries_until_sshd_answers')."""
     from tests.conftest import free_port
     host = host_for(tmp_path, inventory_writer, sshd, ssh_client_key, connect_timeout=1.5)
     import dataclasses
     host = dataclasses.replace(host, port=free_port())
-    start = time.monotonic()
+    tries = _count_tries(monkeypatch, host.port)
     with pytest.raises(RemoteError, match=r"h: cannot reach 127.0.0.1:\d+"):
         Transport(host).run(["true"])
-    assert time.monotonic() - start < 4
+    assert tries and not any(tries), tries
 
 
-def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_factory, ssh_client_key):
+def _count_tries(monkeypatch, port: int) -> list[bool]:
+    """Each TCP connect a transport makes to `port`, as True (connected) or False (refused), in
+    order: the real Transport._socket, watched (other tests' connections are not counted)."""
+    tries: list[bool] = []
+    real = Transport._socket
+
+    def watched(self, hop, timeout, what):
+        try:
+            sock = real(self, hop, timeout, what)
+        except Exception:
+            if hop.port == port:
+                tries.append(False)
+            raise
+        if hop.port == port:
+            tries.append(True)
+        return sock
+
+    monkeypatch.setattr(Transport, "_socket", watched)
+    return tries
+
+
+def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_factory, ssh_client_key, monkeypatch):
     """A host whose sshd comes back within connect_timeout (a reboot, a restart) is reached: the
-    first refused try is retried with tenacity's backoff, not reported."""
+    first refused try is retried with tenacity's backoff, not reported. sshd starts once a first
+    try was refused (an event, not a delay), within a connect_timeout no loaded machine reaches."""
     late = sshd_factory()
-    host = host_for(tmp_path, inventory_writer, late, ssh_client_key, connect_timeout=8)
+    host = host_for(tmp_path, inventory_writer, late, ssh_client_key, connect_timeout=120)
     late.stop()
-    timer = threading.Timer(0.8, late.start)
-    timer.start()
+    tries = _count_tries(monkeypatch, host.port)
+
+    def start_after_a_refusal():
+        while not tries:
+            time.sleep(0.02)
+        late.start()
+
+    starter = threading.Thread(target=start_after_a_refusal, daemon=True)
+    starter.start()
     try:
-        start = time.monotonic()
         assert Transport(host).run(["true"], timeout=20).ok
-        assert 0.8 <= time.monotonic() - start < 8
+        assert tries[0] is False and tries[-1] is True, tries
     finally:
-        timer.join()
+        starter.join(timeout=60)
 
 
 def test_parallel_commands_share_one_connection(transport, sshd, caplog):
@@ -214,7 +253,7 @@ def test_parallel_commands_share_one_connection(transport, sshd, caplog):
         def work(i):
             try:
                 results.append(transport.run(["echo", str(i)], timeout=20).stdout.strip())
-            except Exception as err:  # noqa: BLE001 - reported below with the server's log
+            except Exception as err:  # reported below with the server's log
                 errors.append(repr(err))
 
         threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
@@ -245,21 +284,27 @@ def test_a_connection_that_dies_under_parallel_commands_fails_each_of_them(tmp_p
     leaks paramiko's EOFError), and the next command connects again."""
     t = Transport(host_for(tmp_path, inventory_writer, sshd, ssh_client_key))
     outcomes = []
+    started = tmp_path / "started"
+    started.mkdir()
 
     def work(i):
-        try:
-            r = t.run_script(f"sleep 3; echo {i}", timeout=20)
+        try:        # each says it runs, then runs as long as its sshd: it is running when the link dies
+            r = t.run_script(f"touch {started}/{i}; while kill -0 $PPID 2>/dev/null; do sleep 0.05; done; echo {i}",
+                             timeout=120)
             outcomes.append(("result", r.rc, r.stdout))
         except RemoteError as err:
             outcomes.append(("lost", str(err)))
-        except Exception as err:  # noqa: BLE001 - the test reports what leaked
+        except Exception as err:  # the test reports what leaked
             outcomes.append(("leaked", repr(err)))
 
     try:
         threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
         for th in threads:
             th.start()
-        time.sleep(1)
+        deadline = time.monotonic() + 120
+        while len(list(started.iterdir())) < 12:
+            assert time.monotonic() < deadline and not outcomes, outcomes
+            time.sleep(0.02)
         with pytest.raises(RemoteError, match="connection lost"):
             t.run_script('kill -9 "$PPID"; sleep 5', timeout=20)
         for th in threads:
@@ -357,7 +402,7 @@ def test_throughput_is_the_faster_of_two_rounds(transport):
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
             served.append(1)
-            time.sleep(0.4 if len(served) <= 4 else 0.05)
+            time.sleep(0.4 if len(served) <= 4 else 0)
             body = json.dumps({"text": "x", "output_ids": list(range(10)), "meta_info": {"completion_tokens": 10}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -379,9 +424,9 @@ def test_throughput_is_the_faster_of_two_rounds(transport):
         server.shutdown()
         server.server_close()
     assert len(served) == 8 and not best.errors and not one.errors
-    slow = 10 * 4 / (4 * 0.4)                                      # 25 tokens/s: round one's pace
+    slow = 10 * 4 / (4 * 0.4)             # 25 tokens/s: the most round one can show, however fast the machine
     assert one.tokens_per_s[1] <= slow                              # one round: the unlucky figure
-    assert best.tokens_per_s[1] > 2 * slow                          # two rounds: the host's real pace
+    assert best.tokens_per_s[1] > slow                              # two rounds: not round one's figure
 
 
 def test_a_lost_eof_alone_leaves_the_exit_status_to_speak_and_a_lost_input_raises(transport, monkeypatch):
@@ -420,6 +465,12 @@ def test_no_eof_goes_out_after_the_channel_closed(transport):
 
     ssh = transport.connect()
 
+    def round_trip():
+        """A global request and its answer (no channel: a new one could take the freed channel's
+        number): the host handles a connection's messages in order, so whatever we sent before
+        it has been handled once the answer is back."""
+        ssh.global_request("keepalive@openssh.com", wait=True)
+
     def closed_channel():
         chan = ssh.open_session(timeout=10)
         chan.exec_command("true")
@@ -427,15 +478,15 @@ def test_no_eof_goes_out_after_the_channel_closed(transport):
         while not chan.closed and time.monotonic() < deadline:
             time.sleep(0.01)
         assert chan.closed
-        time.sleep(0.3)                      # the host has freed its end
+        round_trip()                         # the host has freed its end
         chan.eof_sent = False                # as when our EOF was decided just before the CLOSE
         return chan
 
     Exchange(closed_channel(), "h", "true", 10).shutdown_write()
-    time.sleep(0.5)
+    round_trip()                             # an EOF would have been handled by now: the host would have hung up
     assert ssh.is_active() and transport.connect() is ssh
     closed_channel().shutdown_write()        # the race's outcome, for the record: the host hangs up
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while ssh.is_active() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not ssh.is_active()

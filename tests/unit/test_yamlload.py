@@ -25,14 +25,14 @@ def test_both_parsers_read_every_shipped_file_alike(path):
     for fast, pure in ((yamlload.StrictLoader, yamlload.PureStrictLoader),
                        (ansible_inventory.AnsibleLoader, ansible_inventory.PureAnsibleLoader)):
         try:
-            want = yaml.load(text, Loader=pure)  # noqa: S506 - a SafeLoader
+            want = yaml.load(text, Loader=pure)  # a SafeLoader
         except yaml.YAMLError as err:
             with pytest.raises(yaml.YAMLError) as got:
-                yaml.load(text, Loader=fast)  # noqa: S506
+                yaml.load(text, Loader=fast)
             assert (got.value.problem_mark.line, got.value.problem_mark.column) == \
                    (err.problem_mark.line, err.problem_mark.column)
             continue
-        assert yaml.load(text, Loader=fast) == want  # noqa: S506
+        assert yaml.load(text, Loader=fast) == want
 
 
 @pytest.mark.parametrize("text, where, says", [
@@ -50,6 +50,6 @@ def test_a_refused_document_gets_the_clearer_error_at_the_same_place(text, where
 def test_the_ansible_loader_keeps_its_tags_on_both_parsers():
     text = "all:\n  vars:\n    a: !unsafe '{{ x }}'\n    b: !vault |\n      $ANSIBLE_VAULT;1.1\n"
     for loader in (ansible_inventory.AnsibleLoader, ansible_inventory.PureAnsibleLoader):
-        data = yaml.load(text, Loader=loader)  # noqa: S506
+        data = yaml.load(text, Loader=loader)
         assert data["all"]["vars"]["a"] == "{{ x }}"
         assert isinstance(data["all"]["vars"]["b"], ansible_inventory._Vault)

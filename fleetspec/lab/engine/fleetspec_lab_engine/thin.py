@@ -6,7 +6,7 @@ real `sglang` package, its parser, torch nor the decode model is imported, so a 
 catch at start: an unknown flag or a broken patch (the full stand-in's real parser and worker
 dispatch do). The speculative algorithm is read off argv as the real parser would resolve it.
 Start-time faults (crash_at_start, hang_at_start, slow_load) and health_503_after still bite, and
-fail_requests_after (a release that degrades after N requests). /generate takes `thin_step_seconds`
+fail_requests_after (a release that degrades after N requests) and garbage_output (other tokens). /generate takes `thin_step_seconds`
 per token (0 on lab hosts: thin hosts stay as fast as they were; the router's tests set it, so
 requests are in flight for a while); SIGTERM drains them as sglang does (health 503, new
 requests refused, in-flight ones finished, at most `drain_seconds`). /metrics (with
@@ -99,6 +99,8 @@ class Thin:
     def generate(self, body: dict) -> dict:
         n = int((body.get("sampling_params") or {}).get("max_new_tokens") or 8)
         ids = [(7 * i + len(str(body.get("text", "")))) % 64 for i in range(max(1, min(n, 64)))]
+        if settings.faults().get("garbage_output"):     # a release whose greedy output changed
+            ids = [(i * 13 + 5) % 64 for i in ids]
         started = time.monotonic()
         self.metrics.started()
         time.sleep(self.step_seconds * len(ids))
