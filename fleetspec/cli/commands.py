@@ -13,6 +13,7 @@ MODULES = {
     "status": "status_cmd",
     "deploy": "deploy_cmd", "rollback": "deploy_cmd", "unlock": "deploy_cmd", "baseline": "deploy_cmd",
     "history": "history_cmd",
+    "rollouts": "rollouts_cmd", "promote": "rollouts_cmd", "abort": "rollouts_cmd",
     "inventory": "inventory_cmd",
     "bench": "bench_cmd",
     "patchset": "patchset_cmd",

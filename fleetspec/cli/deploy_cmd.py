@@ -36,18 +36,24 @@ from fleetspec.model.gpuhealth import CHECKS as GPU_CHECKS
 @click.option("--stage-only", is_flag=True,
               help="Stage the release and run its smoke tests on every host, then stop (nothing live changes): "
                    "the next deploy of this algo switches to it, sending nothing.")
+@click.option("--pause-after", type=click.Choice(["canary", "each-batch"]), default=None,
+              help="Stop there with every host so far healthy and committed (exit 0): `fleetspec promote ID` "
+                   "goes on, `fleetspec abort ID` puts them back.")
 @click.option("--waive-gpu", "waive_gpu", multiple=True, type=click.Choice(list(GPU_CHECKS)), metavar="CHECK",
               help=f"Let one GPU health check pass (repeatable): {', '.join(GPU_CHECKS)}.")
 @click.option("--yes", is_flag=True, help="Do not ask before changing hosts.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
 def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow_unhealthy, canary, serial, max_fail,
-           parallel, rollback_all_on_abort, prestage, stage_only, waive_gpu, yes, as_json):
+           parallel, rollback_all_on_abort, prestage, stage_only, pause_after, waive_gpu, yes, as_json):
     """Move hosts to an algo: preflight, lock, baseline, stage (the smoke tests start in the
     background), render, measure, smoke (their verdict), switch, restart, probes, gates, commit.
     Any failure after the switch reverts the host (exit 1). --stage-only ends after the smoke
     verdict, nothing live changed (`deploy @gpu --algo ddtree --stage-only`); the next deploy
     of that algo switches to the staged release.
+
+    \b
+    Each deploy is a rollout with an id (`fleetspec rollouts`); --pause-after waits for `promote`.
 
     \b
     Example: fleetspec deploy @gpu --algo ddtree --canary 1 --serial 25% --max-fail 0
@@ -65,7 +71,8 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
                         "before the switch, and an engine that does not serve has none")
     if stage_only:
         _refuse_with_stage_only(plan=plan_only, prestage=prestage, canary=canary,
-                                rollback_all_on_abort=rollback_all_on_abort)
+                                rollback_all_on_abort=rollback_all_on_abort, pause_after=pause_after)
+    _refuse_pause_without_canary(pause_after, canary)
     hosts = obj.select(targets, all_hosts)      # --all with named hosts is refused there
     playbook = load_playbook_for(obj.root_path, algo)
     if waive_gpu:                         # for this run, as if the playbook's gpu_health.waive listed them
@@ -78,36 +85,91 @@ def deploy(obj, targets, all_hosts, algo, plan_only, mode, sets, no_gates, allow
         click.confirm(f"Deploy {algo} to {', '.join(h.name for h in hosts)} (inventory {obj.inventory_path})?",
                       abort=True)
     progress = Progress(enabled=not as_json)
+    record = None
     if stage_only:                        # nothing live changes: no question asked
         outcomes = fleet.stage_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
                                      parallel=parallel, mode=mode, echo=progress.echo)
-    else:
+    elif plan_only:
         outcomes = fleet.deploy_fleet(hosts, playbook, connect=obj.transport, root=obj.root_path, options=options,
                                       strategy=strategy, plan_only=plan_only, mode=mode, run_gates=not no_gates,
                                       echo=progress.echo, progress=progress.line, allow_unhealthy=allow_unhealthy,
                                       pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"),
                                       seats=drain.seats(obj.inv, hosts))
+    else:
+        record, outcomes = _run_rollout(obj, hosts, playbook, options, strategy, progress, as_json, algo=algo,
+                                        sets=sets, waive_gpu=waive_gpu, mode=mode, run_gates=not no_gates,
+                                        allow_unhealthy=allow_unhealthy, pause_after=pause_after)
     progress.line(None)
-    _print_outcomes(outcomes, as_json, plan_only, obj.inventory_path)
-    staged = [o.host for o in outcomes if o.status == "staged"]
-    if staged and not as_json:
-        echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
-             "(nothing sent, its smoke verdict kept)")
+    _report(outcomes, record, as_json=as_json, plan_only=plan_only, algo=algo, inventory=obj.inventory_path)
     sys.exit(max((o.exit_code for o in outcomes), default=0))
 
 
-def _print_outcomes(outcomes, as_json: bool, plan_only: bool, inventory) -> None:
-    """JSON lines, the plans (naming the inventory they come from) or the summary table."""
+def _run_rollout(obj, hosts, playbook, options, strategy, progress, as_json, **fields):
+    """A deploy that changes hosts: its rollout record first, then its batches (ops/rollouts.py)."""
+    from fleetspec.ops import drain, rollouts
+
+    record = _new_rollout(obj, hosts, playbook, strategy, **fields)
+    if not as_json:
+        echo(f"rollout {record.id}: {len(record.batches)} batch(es), {len(hosts)} host(s)")
+    outcomes = rollouts.run_deploy(obj.root_path, record, hosts, playbook, connect=obj.transport, options=options,
+                                   strategy=strategy, echo=progress.echo, progress=progress.line,
+                                   seats=drain.seats(obj.inv, hosts), mode=fields["mode"],
+                                   run_gates=fields["run_gates"], allow_unhealthy=fields["allow_unhealthy"],
+                                   pause_at=os.environ.get("FLEETSPEC_PAUSE_AT"))
+    return record, outcomes
+
+
+def _report(outcomes, record, *, as_json: bool, plan_only: bool, algo: str, inventory) -> None:
+    """JSON lines, the plans (naming the inventory they come from) or the summary table and what
+    the rollout can do next."""
+    rid = record.id if record is not None else None
     if as_json:
         for o in outcomes:
-            row = {**o.to_json(), "inventory": str(inventory)} if plan_only else o.to_json()
-            echo(json.dumps(row, default=str, sort_keys=True))
+            row = {**o.to_json(), **({"rollout": rid} if rid else {})}
+            echo(json.dumps({**row, "inventory": str(inventory)} if plan_only else row, default=str, sort_keys=True))
     elif plan_only:
         echo(f"inventory: {inventory}")
         for o in outcomes:
             _print_plan(o)
     else:
         _print_deploy_summary(outcomes)
+        if record is not None:
+            _say_rollout_next(record)
+    staged = [o.host for o in outcomes if o.status == "staged"]
+    if staged and not as_json:
+        echo(f"next: fleetspec deploy {' '.join(staged)} --algo {algo} switches to the staged release "
+             "(nothing sent, its smoke verdict kept)")
+
+
+def _new_rollout(obj, hosts, playbook, strategy, **fields):
+    """The rollout's record, written before any host is touched (its id goes in every ledger line)."""
+    import hashlib
+
+    from fleetspec.ops import rollouts
+
+    record = rollouts.new_record("deploy", [[h.name for h in b] for b in strategy.batches(hosts)],
+                                 ["fleetspec", *sys.argv[1:]], strategy=dataclasses.asdict(strategy),
+                                 playbook_sha256=hashlib.sha256(playbook.path.read_bytes()).hexdigest(),
+                                 **{**fields, "sets": list(fields["sets"]), "waive_gpu": list(fields["waive_gpu"])})
+    return rollouts.create(obj.root_path, record)
+
+
+def _say_rollout_next(record) -> None:
+    """How to go on from a pause, or where the story is."""
+    if record.state == "paused":
+        done = sum(len(b) for b in record.batches[:record.next_batch])
+        echo(f"rollout {record.id} paused after batch {record.next_batch} of {len(record.batches)}: {done} host(s) "
+             f"healthy and committed, {len(record.host_order()) - done} waiting.")
+        echo(f"next: fleetspec promote {record.id}   (or: fleetspec abort {record.id} puts them back)")
+    else:
+        echo(f"rollout {record.id} {record.state}: fleetspec rollouts show {record.id}")
+
+
+def _refuse_pause_without_canary(pause_after, canary) -> None:
+    if pause_after == "canary" and not canary:
+        from fleetspec.errors import UserError
+
+        raise UserError("--pause-after canary needs --canary N: there is no canary batch to stop after")
 
 
 def _refuse_with_stage_only(**given) -> None:
@@ -183,32 +245,47 @@ def _print_deploy_summary(outcomes) -> None:
 @click.command()
 @click.argument("targets", nargs=-1, required=True, shell_complete=complete_targets)
 @click.option("--to", "to", default=None, shell_complete=complete_releases,
-              help="A healthy release id, or 'baseline' (default).")
+              help="A healthy release id, 'previous' (what each host's current release replaced) or 'baseline' "
+                   "(default).")
+@click.option("--serial", default="1", show_default=True, help="Hosts per batch (N or P%).")
+@click.option("--parallel", type=int, default=0, help="Hosts at once within a batch (default: the batch size).")
+@click.option("--max-fail", default=None,
+              help="Failures tolerated before the later batches are skipped (K or P%; default: every host goes).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host.")
 @click.pass_obj
-def rollback(obj, targets, to, as_json):
-    """Put hosts back on their baseline (or a healthy release): byte-exact unit, then probes.
+def rollback(obj, targets, to, serial, parallel, max_fail, as_json):
+    """Put hosts back on their baseline, the release before their current one (--to previous)
+    or a healthy release: byte-exact unit, then probes. A rollout with an id, as a deploy is.
 
     \b
-    Example: fleetspec rollback ct129 --to baseline
+    Example: fleetspec rollback @gpu --to previous --serial 2 --max-fail 0
     """
+    from fleetspec.ops import rollouts
     from fleetspec.ops.drain import seats
-    from fleetspec.ops.fleet import rollback_fleet
+    from fleetspec.ops.fleet import Strategy
 
     progress = Progress(enabled=not as_json)
     hosts = obj.select(targets, False)
-    results, code = rollback_fleet(hosts, to, connect=obj.transport, root=obj.root_path,
-                                   echo=progress.echo, progress=progress.line, seats=seats(obj.inv, hosts),
-                                   on_error=lambda err: None if as_json else echo(f"fleetspec: {err}", err=True))
+    strategy = Strategy.parse(len(hosts), canary=0, serial=serial, max_fail=max_fail or str(len(hosts)),
+                              parallel=parallel, rollback_all_on_abort=False)
+    record = rollouts.create(obj.root_path, rollouts.new_record(
+        "rollback", [[h.name for h in b] for b in strategy.batches(hosts)], ["fleetspec", *sys.argv[1:]],
+        to=to or "baseline", strategy=dataclasses.asdict(strategy)))
+    results, code = rollouts.run_rollback(obj.root_path, record, hosts, to, connect=obj.transport,
+                                          echo=progress.echo, progress=progress.line, seats=seats(obj.inv, hosts),
+                                          strategy=strategy,
+                                          on_error=lambda err: None if as_json else echo(f"fleetspec: {err}",
+                                                                                         err=True))
     progress.line(None)
     if as_json:
         for r in results:
-            echo(json.dumps(r, default=str, sort_keys=True))
+            echo(json.dumps({**r, "rollout": record.id}, default=str, sort_keys=True))
     else:
         echo_table(["host", "outcome", "from", "to", "time", "note"],
                    [[r["host"], r["status"], r.get("left") or "baseline" if r["status"] != "error" else "-",
                      r.get("target", "-"), f"{r.get('seconds', 0):.1f}s", r.get("note") or r.get("reason", "")]
                     for r in results])
+        echo(f"rollout {record.id} {record.state}: fleetspec rollouts show {record.id}")
     sys.exit(code)
 
 

@@ -43,6 +43,10 @@ def print_table(rels, out: Out) -> None:
         rows.append([r.id, r.algo, r.status, _when(r.started)[:-4] + "Z", _secs(r.seconds), failing,
                      " ".join([*(w for w in why if w), "; ".join([*headline(r.figures), *r.events])]).strip() or "-"])
     headers = ["release", "algo", "status", "when (UTC)", "took", "failed at", "why; gate figures; later events"]
+    if any(r.rollout for r in rels):          # older ledgers name none: their table stays as it was
+        headers.insert(5, "rollout")
+        for r, row in zip(rels, rows, strict=True):
+            row.insert(5, r.rollout or "-")
     fixed = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers[:-1])]
     room = out.width - sum(fixed) - 2 * len(fixed)
     if room >= 24:
@@ -75,6 +79,8 @@ def _records(rels, rows, out: Out) -> None:
     for r, row in zip(rels, rows, strict=True):
         head = f"{row[0]}  {row[1]}  {row[2]}  {row[3]}  {row[4]}"
         out.styled(head, f"  {row[2]}  ", STATUS_STYLE.get(row[2]))
+        if r.rollout:
+            out.line(f"    rollout {r.rollout}")
         if r.failed_step:
             for ln in wrap(f"failed at {r.failed_step}: {r.reason or ''}".rstrip(": "), out.width, "    ", "  "):
                 out.line(ln)
@@ -159,7 +165,8 @@ def _story_head(host_name: str, r, out: Out) -> None:
     w = out.width
     out.line(f"release {r.id} on {host_name}", [(0, 7, "bold")])
     out.styled(f"  status {r.status}", r.status, STATUS_STYLE.get(r.status))
-    for ln in wrap(f"algo {r.algo}; started {_when(r.started)}; took {_secs(r.seconds)}; by {r.by}", w, "    ", "  "):
+    for ln in wrap(f"algo {r.algo}; started {_when(r.started)}; took {_secs(r.seconds)}; by {r.by}"
+                   + (f"; rollout {r.rollout}" if r.rollout else ""), w, "    ", "  "):
         out.line(ln)
     for ln in wrap(container_line(r) or "", w, "    ", "  ") if r.container else ():
         out.line(ln)

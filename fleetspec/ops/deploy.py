@@ -49,6 +49,7 @@ class Deploy(RouterSteps, FailurePath):
         self.host = req.host
         self.service = req.host.vars.service
         self.state = HostState(t, req.host.name, self.service, mirror=local_mirror(req.root, req.host, self.service))
+        self.state.rollout = req.rollout
         self.state.redact = pf.redact                                               # … nor in the ledger
         self.t = self.state.carrier()      # each command carries the deferred ledger lines
         self.release_id = req.release_id or new_release_id(req.playbook.algo)

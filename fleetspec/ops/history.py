@@ -15,6 +15,7 @@ from pathlib import Path
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.model import ledger as L
 from fleetspec.model.layout import local_mirror
+from fleetspec.model.rollout import is_rollout_id
 from fleetspec.ops.hoststate import HostState
 from fleetspec.ops.redaction import redact_options
 from fleetspec.remote.api import TransportLike
@@ -72,6 +73,7 @@ class Release:
     reason: str | None = None
     figures: dict = field(default_factory=dict)      # gate name -> figures
     events: list[str] = field(default_factory=list)  # what happened to it later (`fleetspec rollback`)
+    rollout: str | None = None  # the rollout that made it (its first line's detail; None in older ledgers)
 
     @property
     def seconds(self) -> float:
@@ -96,6 +98,7 @@ class Release:
         return {"release": self.id, "algo": self.algo, "status": self.status, "started": self.started,
                 "seconds": round(self.seconds, 3), "failed_step": self.failed_step, "reason": self.reason,
                 "figures": self.figures, "headline": headline(self.figures), "events": self.events,
+                "rollout": self.rollout,
                 **({"container": self.container} if self.container else {})}
 
 
@@ -126,6 +129,8 @@ def releases(parsed: L.ParsedLedger) -> list[Release]:
         if r is None:
             r = out[e.release] = Release(e.release, algo_of(e.release), L.STARTED, e.ts, e.ts, e.by)
         r.ended = max(r.ended, e.ts)
+        if r.rollout is None and is_rollout_id(e.detail.get("rollout")):
+            r.rollout = e.detail["rollout"]
         if e.kind == "status":
             _status_change(r, e)
         elif e.state == "started":
@@ -165,10 +170,18 @@ def _step_end(r: Release, e: L.Entry, began: L.Entry | None) -> None:
     if isinstance(figures, dict):
         r.figures.update(figures)
     if e.name == "rollback" and e.state in ("ok", "failed"):
+        by = detail.get("rollout")
         r.events.append(f"rollback to {detail.get('to') or step.detail.get('to') or '?'}"
-                        + (" failed" if e.state == "failed" else ""))
+                        + (" failed" if e.state == "failed" else "")
+                        + (f" (rollout {by})" if is_rollout_id(by) and by != r.rollout else ""))
     elif e.state == "failed" and r.failed_step is None:
         r.failed_step, r.reason = e.name, detail.get("reason")
+
+
+def of_rollout(parsed: L.ParsedLedger, rollout: str) -> list[Release]:
+    """The releases and steps one rollout wrote on a host (its lines only: `rollouts show`)."""
+    mine = tuple(e for e in parsed.entries if e.detail.get("rollout") == rollout)
+    return releases(dataclasses.replace(parsed, entries=mine, numbers=()))
 
 
 def find(parsed: L.ParsedLedger, host_name: str, wanted: str) -> Release:

@@ -65,6 +65,7 @@ class HostState:
     lock: RemoteLock | None = None  # held by this operation: every ledger line
                                   # (each step starts with one) first checks it is still ours
     root: PurePosixPath = STATE_ROOT   # the host's state root (tests point it at a scratch folder)
+    rollout: str | None = None    # the rollout this operation belongs to: named in each ledger line's detail
 
     def __post_init__(self):
         self.layout = HostLayout(self.service, PurePosixPath(self.root))
@@ -124,6 +125,9 @@ class HostState:
         return Carrying(self.t, self.prelude, self.flush, str(self.root))
 
     def _lines(self, entries: list[ledger_model.Entry]) -> list[str]:
+        if self.rollout is not None:
+            entries = [e if "rollout" in e.detail or e.kind == ledger_model.ROUTER
+                       else dataclasses.replace(e, detail={**e.detail, "rollout": self.rollout}) for e in entries]
         lines = [e.to_line() for e in entries]
         return [self.redact(line) for line in lines] if self.redact is not None else lines
 

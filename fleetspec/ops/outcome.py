@@ -35,6 +35,7 @@ class DeployRequest:
     release_id: str | None = None      # a release --prestage staged on the host: used if still as planned
     allow_unhealthy: bool = False      # deploy onto an engine that does not serve (gates off): the operator's choice
     seat: Any = None                   # ops.drain.Seat: the host's router, taken out around its restart
+    rollout: str | None = None         # the rollout's id, written in each of this deploy's ledger lines
 
 
 class Outcome(StrEnum):
@@ -47,6 +48,7 @@ class Outcome(StrEnum):
     NEEDS_ATTENTION = "needs_attention"
     FAILED = "failed"
     SKIPPED = "skipped"                # a rollout stopped before this host
+    PENDING = "pending"                # a rollout paused before this host: `promote` starts it
 
 
 @dataclass

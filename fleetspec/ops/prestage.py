@@ -52,7 +52,7 @@ def stage_ahead(t: TransportLike, req: DeployRequest, echo: Callable[[str], None
 def _stage_locked(t: TransportLike, req: DeployRequest, echo: Callable[[str], None], *, ahead: bool) -> str:
     pf = preflight_mod.run(t, req, echo if ahead else lambda line: None, wait_serving=False)   # a prestage's canary says it all
     host, service = req.host, req.host.vars.service
-    state = HostState(t, host.name, service, mirror=local_mirror(req.root, host, service))
+    state = HostState(t, host.name, service, mirror=local_mirror(req.root, host, service), rollout=req.rollout)
     state.redact = pf.redact
     rid = new_release_id(req.playbook.algo)
     mark = {"ahead": True, "algo": req.playbook.algo} if ahead else {"prestage": True}

@@ -18,6 +18,8 @@ from fleetspec.model import ledger as L
 from fleetspec.model.baseline import Baseline, sha256
 from fleetspec.model.layout import local_mirror
 from fleetspec.model.release import BASELINE
+
+PREVIOUS = "previous"      # rollback --to previous: what the current release replaced
 from fleetspec.ops import activation, container_plan
 from fleetspec.ops.deploy import Outcome
 from fleetspec.ops.hoststate import HostState, legacy_dropin_paths
@@ -43,12 +45,13 @@ class RollbackOutcome:
 
 
 def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=print, progress=lambda _: None,
-             seat=None) -> RollbackOutcome:
+             seat=None, rollout: str | None = None) -> RollbackOutcome:
     """`seat` (ops.drain.Seat): the host's router; a removal a cut-off command left goes back
     first, and the worker is out of the router while its engine restarts (unless that would
-    leave fewer than min_serving workers: a rollback is not refused for that)."""
+    leave fewer than min_serving workers: a rollback is not refused for that). `to` may be
+    PREVIOUS (previous_of); `rollout`: the rollout id its ledger lines carry."""
     started = time.monotonic()
-    state = HostState(t, host.name, host.vars.service, mirror=local_mirror(root, host, host.vars.service))
+    state = HostState(t, host.name, host.vars.service, local_mirror(root, host, host.vars.service), rollout=rollout)
     target = to or BASELINE
     # the ledger, baseline.json and `current` as the lock's holder read them: no command of their own
     with RemoteLock(t, str(state.layout.lock), release=f"rollback-to-{target}", note=echo, **state.lock_reads) as lock:
@@ -60,6 +63,8 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
             raise UserError(f"{host.name}: no baseline recorded for {host.vars.service}: fleetspec never changed it")
         ledger = L.parse(lock.read_text or "")
         statuses = ledger.releases()
+        if target == PREVIOUS:
+            target = previous_of(ledger, state.current(lock.link_target), host.name)
         if target != BASELINE and statuses.get(target) != L.HEALTHY:
             healthy = [r for r, s in statuses.items() if s == L.HEALTHY]
             raise UserError(f"{host.name}: {target} is {statuses.get(target, 'unknown')}, not a healthy release; "
@@ -99,6 +104,27 @@ def rollback(t: TransportLike, host, root: Path, to: str | None = None, *, echo=
     return RollbackOutcome(host.name, Outcome.ROLLED_BACK, target, left, interrupted,
                            round(time.monotonic() - started, 2), round(result.waited_s, 2),
                            engine_wait_s_note(switch_started, result))
+
+
+def previous_of(ledger: L.ParsedLedger, current: str | None, host_name: str) -> str:
+    """What `current` replaced, as its `switched` line says: the baseline or a release that is
+    still kept and healthy. UserError when the host is on its baseline (nothing came before) or
+    when that release is no longer a target (failed, pruned), naming the targets there are."""
+    if current is None:
+        raise UserError(f"{host_name}: it runs its baseline: there is no release before it (--to previous)")
+    before = None
+    for e in ledger.entries:
+        if e.kind == "status" and e.release == current and e.state == L.SWITCHED:
+            before = e.detail.get("previous")
+    if not isinstance(before, str) or not before:
+        raise UserError(f"{host_name}: the ledger does not say what {current} replaced; name the target with "
+                        f"--to RELEASE or --to baseline")
+    statuses = ledger.releases()
+    if before != BASELINE and statuses.get(before) != L.HEALTHY:
+        healthy = [r for r, s in statuses.items() if s == L.HEALTHY and r != current]
+        raise UserError(f"{host_name}: {current} replaced {before}, which is {statuses.get(before, 'unknown')} now; "
+                        f"targets: baseline{', ' if healthy else ''}{', '.join(healthy)}")
+    return before
 
 
 def _routed(router, revert):
