@@ -1,12 +1,15 @@
 """GPUs for GPU-less lab hosts: `lab fault HOST gpu=CASE` installs the nvidia-smi stand-in
 (lab/gpu_standin.py) with one fixture case's tables, and a `journalctl` whose kernel log (`-k`) is
 the case's kernel.log, stamped with the time the fault was set. `xid_at_start=CODE` makes the
-engine stand-in log that Xid for GPU 0 when it starts (a GPU that fails under a restart).
+engine stand-in log that Xid for GPU 0 when it starts (a GPU that fails under a restart). The
+engine stand-in sizes its CUDA graph from the tables' memory, as sglang does from nvidia-smi's.
 
-The cases (tests/fixtures/nvidia-smi/health/): h200x2 (healthy), ecc (uncorrected ECC on GPU 1),
-remap (a row remap pending on GPU 0), stray (a process that is not the service's holds GPU 1's
-memory), xid (Xid 79 on GPU 1 in the kernel log), old_driver (driver 515 and its old field name).
-They are written in nvidia-smi's documented CSV format, not captured from GPUs.
+The cases (tests/fixtures/nvidia-smi/health/): h200x2 and h200x1 (healthy), ecc (uncorrected ECC on
+GPU 1), remap (a row remap pending on GPU 0), stray (a process that is not the service's holds GPU
+1's memory), xid (Xid 79 on GPU 1 in the kernel log), old_driver (driver 515 and its old field
+name). They are written in nvidia-smi's documented CSV format, not captured from GPUs; h200x1's
+values (driver 580.159.04, 143771 MiB, compute capability 9.0) are those of the H200 captured in
+tests/fixtures/facts/gpu_health/h200-x1-captured.json.
 """
 
 from __future__ import annotations
@@ -49,6 +52,20 @@ def check_case(case: str) -> str:
     return case
 
 
+def standin_files(case: str, now: float, etc: str = ETC_GPU, bin_dir: str = "/usr/local/bin",
+                  python: str = "/usr/bin/python3") -> dict[str, tuple[bytes, int]]:
+    """path -> (bytes, mode): the stand-ins and the case's tables (kernel.log lines stamped `now`),
+    as install_script writes them on a host."""
+    folder = FIXTURES / check_case(case)
+    log = "".join(f"{now:.6f} {line}\n" for line in (folder / "kernel.log").read_text().splitlines() if line.strip())
+    out = {f"{etc}/case": ((case + "\n").encode(), 0o644), f"{etc}/kernel.log": (log.encode(), 0o644)}
+    out.update({f"{etc}/{name}": ((folder / name).read_bytes(), 0o644) for name in FILES})
+    source = (Path(__file__).with_name("gpu_standin.py")).read_text()
+    out[f"{bin_dir}/nvidia-smi"] = (f"#!{python}\n# {MARK}\n{source}".encode(), 0o755)
+    out[f"{bin_dir}/journalctl"] = (JOURNALCTL_TEXT.encode(), 0o755)
+    return out
+
+
 def _write(path: str, text: str, mode: str = "0644") -> str:
     return f"printf %s {shlex.quote(text)} > {shlex.quote(path)} && chmod {mode} {shlex.quote(path)}"
 
@@ -58,15 +75,10 @@ def install_script(case: str, now: float, etc: str = ETC_GPU, bin_dir: str = "/u
     """The stand-ins and the case's tables, written on the host (kernel.log lines stamped `now`).
     `etc`, `bin_dir`, `python`: elsewhere than a lab host's (tests run it in a folder of theirs,
     with FLEETSPEC_LAB_GPU=etc in the environment)."""
-    folder = FIXTURES / check_case(case)
-    log = "".join(f"{now:.6f} {line}\n" for line in (folder / "kernel.log").read_text().splitlines() if line.strip())
     q = shlex.quote
-    steps = [f"rm -rf {q(etc)}", f"mkdir -p {q(etc)} {q(bin_dir)}", _write(f"{etc}/case", case + "\n"),
-             _write(f"{etc}/kernel.log", log)]
-    steps += [_write(f"{etc}/{name}", (folder / name).read_text()) for name in FILES]
-    source = (Path(__file__).with_name("gpu_standin.py")).read_text()
-    steps += [_write(f"{bin_dir}/nvidia-smi", f"#!{python}\n# {MARK}\n{source}", "0755"),
-              _write(f"{bin_dir}/journalctl", JOURNALCTL_TEXT, "0755")]
+    steps = [f"rm -rf {q(etc)}", f"mkdir -p {q(etc)} {q(bin_dir)}"]
+    steps += [_write(path, data.decode(), f"{mode:04o}")
+              for path, (data, mode) in standin_files(case, now, etc, bin_dir, python).items()]
     return " && ".join(steps)
 
 

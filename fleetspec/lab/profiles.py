@@ -297,19 +297,15 @@ def inventory_vars(p: Profile) -> dict:
     return {"python": p.python, "service": SERVICE, "api_port": API_PORT, "model_path": p.model_path,
             "draft_model_path": p.draft_model_path, "gpu_count": p.gpu_count, "tags": list(p.tags),
             # The stand-in loads in ~10-20 s here; a hung start is found in two minutes, not fifteen.
-            # Throughput on a shared 2-core machine swings by 40% between runs even as the faster
-            # of two rounds: gate at 0.4, which still catches a release that is really slower
-            # (slow_tokens=4 measures ~0.25). At c=1 only: the lab's DDTree builds its trees on
-            # the CPU it is measured on, so at c=4 it measures the 2 cores, not the release (on
-            # this machine's slower CPU the unchanged stand-in release made 0.30-0.44 of its
-            # baseline at c=4, 1.18 at c=1). 8 requests a round, not the playbook's 16: the lab's
-            # stand-in paces its steps by a cost model, so half the sample gives the same ratio.
-            # Not at the serving concurrency either, for the same reason (a lab test that turns it
-            # on, on a host where DDTree builds no trees, shows the graph-coverage loss).
+            # The throughput gate keeps the playbook's min_ratio; its relaxations are named in
+            # docs/lab.md ("Gates on the lab"): at c=1 only and not at the serving concurrency (at
+            # c=4 and above the stand-in's own CPU work per request-step, ~5-6 ms, outgrows its
+            # paced step on the shared 2 cores, so those rounds measure the cores, not the
+            # release), and 8 requests a round, not 16 (the stand-in paces its steps by a cost
+            # model, so half the sample gives the same ratio in half the lab time).
             "extra": {"sglang_version": p.version, "lab_profile": p.like, "ready_timeout": 120,
                       "require_gpus": False,   # no GPU in a container; the engine is a stand-in
-                      "gates": {"throughput": {"min_ratio": 0.4, "concurrency": [1], "requests": 8,
-                                               "serving_concurrency": 0}}}}
+                      "gates": {"throughput": {"concurrency": [1], "requests": 8, "serving_concurrency": 0}}}}
 
 
 def unit_path(p: Profile) -> str:

@@ -283,3 +283,35 @@ def test_steps_with_more_requests_running_than_the_graph_holds_are_slower(monkey
     one = engine.Engine(types.SimpleNamespace(algorithm="EAGLE", values={"cuda_graph_max_bs": 1}), config)
     one.generate(model.tokenize(PROMPTS[0]), 8)                      # one request alone fits a graph of 1
     assert one.stats["steps_without_graph"] == 0 and one.graph_size == 1
+
+
+H200 = 143771.0     # memory.total of the lab's H200 stand-in cases (tests/fixtures/nvidia-smi/health)
+
+
+@pytest.mark.parametrize("values, version, gpu_mem, explicit, size", [
+    ({"tp_size": 2, "max_running_requests": 16}, "0.5.13.post1", H200, False, 256),     # ct129 on 2x H200
+    ({"tp_size": 1, "max_running_requests": 32, "cuda_graph_max_bs_decode": 32}, "0.5.23", H200, False, 32),
+    ({"tp_size": 1}, "0.5.23", 30 * 1024.0, False, 48),                       # 0.5.23's own 20-35 GiB row
+    ({"tp_size": 4}, "0.5.13.post1", 40 * 1024.0, False, 160),
+    ({"tp_size": 2, "cuda_graph_max_bs": 15}, "0.5.13.post1", H200, True, 15),  # the operator's (or a rescale's)
+])
+def test_graph_size_follows_the_gpu_the_stand_in_reports(values, version, gpu_mem, explicit, size):
+    """With the lab's nvidia-smi stand-in, sglang's own graph size is the one it picks for that GPU
+    (as fleetspec's plan says), not its no-GPU fallback; a size set on the command line is kept."""
+    assert decode.graph_size(values, version, gpu_mem, explicit) == size
+
+
+def test_the_engine_reads_the_gpu_memory_of_the_installed_stand_in(tmp_path):
+    """The tables `lab up` lays on a host (lab.gpu.standin_files) give the engine the H200's memory;
+    a host without them (gpu=none) has none. And the engine's rows are fleetspec's own."""
+    from fleetspec.lab import gpu
+    from fleetspec.model import graphsize
+
+    for path, (data, _mode) in gpu.standin_files("h200x1", 0.0, etc=str(tmp_path / "gpu"),
+                                                 bin_dir=str(tmp_path / "bin")).items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(data)
+    assert decode.gpu_memory_mib(str(tmp_path / "gpu")) == H200
+    assert decode.gpu_memory_mib(str(tmp_path / "none")) is None
+    assert decode._BS_ROWS == graphsize._BS_0_5_13 and decode._BS_ROWS_0_5_23 == graphsize._BS_0_5_23
+    assert decode.explicit_graph(["--cuda-graph-max-bs=8"]) and not decode.explicit_graph(["--max-running-requests", "8"])

@@ -67,3 +67,23 @@ def test_ct150_is_the_tree_host_pure_attention_tp1_on_0513():
     argv = shlex.split(line[len("ExecStart="):])
     assert argv == profiles.CT150_ARGV and argv[argv.index("--tp-size") + 1] == "1"
     assert "--speculative-algorithm" in argv and "DFLASH" in argv
+
+
+def test_the_lab_inventory_keeps_the_playbooks_thresholds_and_names_each_relaxation():
+    """The lab's gate overrides change where the throughput gate measures, never what it demands:
+    no threshold is overridden (the playbook's min_ratio 0.95 applies), and every setting the lab
+    inventory does override is named in docs/lab.md's "Gates on the lab" table with its reason."""
+    from pathlib import Path
+
+    from fleetspec.model.playbook import load_playbook
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "lab.md").read_text().split("## Gates on the lab")[1]
+    playbook = load_playbook(Path(__file__).resolve().parents[2] / "playbooks" / "ddtree.yaml")
+    assert playbook.gates.throughput.min_ratio == 0.95
+    for name in ("ct129", "ct200", "ct150", "tn1", "pd1", "pq1"):
+        extra = profiles.inventory_vars(profiles.for_host(name))["extra"]
+        gates = extra.get("gates", {})
+        assert set(gates) <= {"throughput"} and not {"min_ratio", "min", "vs_baseline_tolerance"} & set(
+            gates.get("throughput", {})), (name, gates)
+        for setting in [*gates.get("throughput", {}), *(["require_gpus"] if "require_gpus" in extra else [])]:
+            assert f"| `{setting}` |" in table, setting

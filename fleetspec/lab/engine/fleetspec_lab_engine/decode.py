@@ -28,8 +28,9 @@ positions the drafter proposed. A GPU verify pass is memory-bound, so extra node
 of a step (default 0.01 each: 64 extra nodes add ~64%).
 
 CUDA graphs (`graph_size`, `graph_factor`): the real engine replays a captured graph for a batch of
-at most its graph size (--cuda-graph-max-bs, --cuda-graph-max-bs-decode on 0.5.23, sglang's fallback
-of 160 when unset) and runs a larger batch eagerly, which is slower. The stand-in runs each request
+at most its graph size (--cuda-graph-max-bs, --cuda-graph-max-bs-decode on 0.5.23; when unset,
+sglang's own choice from the memory and count the lab's nvidia-smi stand-in reports, or its
+fallback of 160 without one) and runs a larger batch eagerly, which is slower. The stand-in runs each request
 on its own thread, so a step taken while more requests are running than the graph holds costs
 `graph_miss_factor` times as much (none with --disable-cuda-graph counts as size 0).
 """
@@ -89,20 +90,60 @@ def _older_than_0_5_14(version: str | None) -> bool:
     return bool(nums) and tuple(nums) < (0, 5, 14)
 
 
-def graph_size(values: dict, version: str | None = None) -> int:
+# sglang's own max bs by the smallest GPU's memory (MiB, upper bound exclusive): (bound, TP < 4, TP >= 4),
+# as fleetspec.model.graphsize has it from 0.5.13.post1 server_args.py:1468-1525 and 0.5.23
+# arg_groups/memory_hook.py:89-176 (which differ only in the 20-35 GiB row).
+_BS_ROWS = ((20 * 1024, 8, 8), (35 * 1024, 24, 80), (60 * 1024, 32, 160), (90 * 1024, 256, 512),
+            (160 * 1024, 256, 512), (float("inf"), 512, 512))
+_BS_ROWS_0_5_23 = (_BS_ROWS[0], (35 * 1024, 48, 160), *_BS_ROWS[2:])
+GRAPH_FLAGS = ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-bs", "--cuda-graph-bs-decode")
+
+
+def gpu_memory_mib(folder: str | None = None) -> float | None:
+    """The smallest GPU's memory.total (MiB) from the lab's nvidia-smi stand-in tables (lab/gpu.py),
+    which is what sglang reads from nvidia-smi on a GPU host; None on a host without them."""
+    import csv
+
+    path = os.path.join(folder or os.environ.get("FLEETSPEC_LAB_GPU", "/etc/fleetspec-lab/gpu"), "query-gpu.csv")
+    try:
+        with open(path, newline="") as fh:
+            rows = [[c.strip() for c in r] for r in csv.reader(fh, skipinitialspace=True) if r]
+        col = [h.partition(" [")[0] for h in rows[0]].index("memory.total")
+        return min(float(r[col].split()[0]) for r in rows[1:])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def explicit_graph(argv: list[str]) -> bool:
+    """Whether the launch sets the graph's size itself (else sglang chooses it)."""
+    return any(a.split("=", 1)[0] in GRAPH_FLAGS for a in argv)
+
+
+def graph_size(values: dict, version: str | None = None, gpu_mem: float | None = None,
+               explicit: bool = True) -> int:
     """The largest batch the engine's decode/verify CUDA graph holds: the flag (0.5.23's
-    cuda_graph_max_bs_decode before cuda_graph_max_bs), else sglang's fallback of 160, which
-    0.5.23 caps at --max-running-requests; 0 with --disable-cuda-graph."""
+    cuda_graph_max_bs_decode before cuda_graph_max_bs), else sglang's own choice, from the GPU's
+    memory and TP when the stand-in nvidia-smi gives one (`gpu_mem`), else its fallback of 160;
+    0.5.23 caps its own choice at --max-running-requests; 0 with --disable-cuda-graph. `explicit`
+    False: the values' graph size is one sglang resolved without a GPU (0.5.23 resolves on the
+    CPU), so the GPU's own choice replaces it."""
     if values.get("disable_cuda_graph"):
         return 0
     for dest in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
         value = values.get(dest)
-        if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit():
+        if (explicit or gpu_mem is None) and (
+                isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit()):
             return int(value)
+    bs = SGLANG_FALLBACK_GRAPH_BS
+    if gpu_mem is not None:
+        rows = _BS_ROWS if _older_than_0_5_14(version) else _BS_ROWS_0_5_23
+        _bound, small, large = next(r for r in rows if gpu_mem < r[0])
+        tp = values.get("tp_size") or values.get("tensor_parallel_size") or 1
+        bs = small if int(tp) < 4 else large
     running = values.get("max_running_requests")
-    if not _older_than_0_5_14(version) and isinstance(running, int) and 0 < running < SGLANG_FALLBACK_GRAPH_BS:
+    if not _older_than_0_5_14(version) and isinstance(running, int) and 0 < running < bs:
         return running
-    return SGLANG_FALLBACK_GRAPH_BS
+    return bs
 
 
 def graph_factor(running: int, size: int, factor: float) -> float:

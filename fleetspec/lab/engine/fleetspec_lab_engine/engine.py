@@ -25,7 +25,8 @@ class Engine:
             ddtree = importlib.import_module("sglang.srt.speculative.ddtree_utils")
         self.decoder = decode.Decoder(self.plan, self.size, ddtree, decode.tree_log_path())
         self.depth = self.plan.depth
-        self.graph_size = decode.graph_size(parsed.values, getattr(parsed, "version", None))
+        self.graph_size = decode.graph_size(parsed.values, getattr(parsed, "version", None), decode.gpu_memory_mib(),
+                                            decode.explicit_graph(list(getattr(parsed, "argv", None) or [])))
         self.lock = threading.Lock()
         self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "accepted_tokens": 0,
                       "verify_ct": 0, "running": 0, "last_throughput": 0.0, "trees_built": 0,
