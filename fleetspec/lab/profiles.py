@@ -297,15 +297,19 @@ def inventory_vars(p: Profile) -> dict:
     return {"python": p.python, "service": SERVICE, "api_port": API_PORT, "model_path": p.model_path,
             "draft_model_path": p.draft_model_path, "gpu_count": p.gpu_count, "tags": list(p.tags),
             # The stand-in loads in ~10-20 s here; a hung start is found in two minutes, not fifteen.
-            # The throughput gate keeps the playbook's min_ratio; its relaxations are named in
-            # docs/lab.md ("Gates on the lab"): at c=1 only and not at the serving concurrency (at
+            # The throughput gate's relaxations are named in docs/lab.md ("Gates on the lab"):
+            # min_ratio 0.4 (on a 0.5.23 host DDTree builds no trees, so the release decodes as
+            # the baseline does and the ratio is 1.0 plus the shared machine's noise, which swings
+            # by up to 40% under a loaded CI; 0.4 still fails a really slower release, slow_tokens=4
+            # measures ~0.25); at c=1 only and not at the serving concurrency (at
             # c=4 and above the stand-in's own CPU work per request-step, ~5-6 ms, outgrows its
             # paced step on the shared 2 cores, so those rounds measure the cores, not the
             # release), and 8 requests a round, not 16 (the stand-in paces its steps by a cost
             # model, so half the sample gives the same ratio in half the lab time).
             "extra": {"sglang_version": p.version, "lab_profile": p.like, "ready_timeout": 120,
                       "require_gpus": False,   # no GPU in a container; the engine is a stand-in
-                      "gates": {"throughput": {"concurrency": [1], "requests": 8, "serving_concurrency": 0}}}}
+                      "gates": {"throughput": {"min_ratio": 0.4, "concurrency": [1], "requests": 8,
+                                               "serving_concurrency": 0}}}}
 
 
 def unit_path(p: Profile) -> str:
