@@ -102,8 +102,13 @@ TTY = ("-t", "--tty")
 
 
 def supervision_problem(run: ContainerRun) -> str | None:
-    """A runtime option under which systemd would not supervise the engine (pure), or None."""
+    """A runtime option under which systemd would not supervise the engine (pure), or None.
+    podman's `-d` with `--sdnotify=conmon|container` (what Quadlet writes, beside Type=notify) is
+    supervised: conmon tells systemd its pid and stays for the container's life."""
     given = run.flags_given(*DETACH)
+    notify = [v for v in run.option("--sdnotify") if v in ("conmon", "container")]
+    if given and run.runtime == "podman" and notify:
+        return None
     if given:
         return (f"`{run.runtime} run {given[0]}` detaches the container: the runtime client exits at once, so "
                 f"systemd never sees the engine (a crash would not fail the unit, probes and rollback could not "

@@ -339,6 +339,13 @@ def test_a_detached_container_is_refused_and_a_tty_is_stated(tmp_path, t, sshd, 
     assert "`docker run -dit` detaches" in (container_launch.supervision_problem(clustered) or "")
     attached = parse_run([PUBLISHED_DETACHED[0], "run", *PUBLISHED_DETACHED[3:]])
     assert container_launch.supervision_problem(attached) is None
+    # Quadlet's own `podman run --sdnotify=conmon -d` (Type=notify: conmon is the supervised pid),
+    # as the lab's generator wrote it
+    generated = (CAPTURED / "quadlet-5.4.2-lab-generated.service").read_text()
+    command = systemd_unit.effective_exec_command(generated, [], unit_context.unit_specifiers("sglang-qwen.service"))
+    quadlet = parse_run(list(command.argv), path=command.path)
+    assert quadlet.flags_given(*container_launch.DETACH) == ["-d"]
+    assert container_launch.supervision_problem(quadlet) is None
     # through preflight's own check, on a real host, before anything is read or changed
     runtime = _stand_in(tmp_path)
     detached = parse_run([str(runtime), "run", "-d", *profiles.PODMAN_ARGV[2:]])
