@@ -109,8 +109,6 @@ def _run_rollout(obj, hosts, playbook, options, strategy, progress, as_json, **f
     from fleetspec.ops import drain, rollouts
 
     record = _new_rollout(obj, hosts, playbook, strategy, **fields)
-    if not as_json:
-        echo(f"rollout {record.id}: {len(record.batches)} batch(es), {len(hosts)} host(s)")
     outcomes = rollouts.run_deploy(obj.root_path, record, hosts, playbook, connect=obj.transport, options=options,
                                    strategy=strategy, echo=progress.echo, progress=progress.line,
                                    seats=drain.seats(obj.inv, hosts), mode=fields["mode"],
@@ -133,7 +131,8 @@ def _report(outcomes, record, *, as_json: bool, plan_only: bool, algo: str, inve
             _print_plan(o)
     else:
         _print_deploy_summary(outcomes)
-        if record is not None:
+        # a rollout refused on every host (bad input) changed nothing: only its one-line refusal
+        if record is not None and any(str(o.status) != "refused" for o in outcomes):
             _say_rollout_next(record)
     staged = [o.host for o in outcomes if o.status == "staged"]
     if staged and not as_json:

@@ -144,7 +144,7 @@ def test_deploy_and_rollback_on_a_container_unit(pod_fleet, host):
             r = fs(pod_fleet, "deploy", host, "--algo", "ddtree", "--yes")
             said = r.stdout + r.stderr
             assert r.returncode == 3 and "NeedDaemonReload=yes" in said, (r.stdout[-2000:], r.stderr[-2000:])
-            assert f"run ssh {host} systemctl daemon-reload" in r.stderr and "Traceback" not in said
+            assert f"run ssh {host} 'systemctl daemon-reload'" in r.stderr and "Traceback" not in said
             assert not sh(pod_fleet, host, f"ls {UNIT}.d 2>/dev/null; true").strip()     # nothing written
         finally:
             sh(pod_fleet, host, f"echo {saved} | base64 -d > {QUADLET_FILE} && systemctl daemon-reload")

@@ -223,6 +223,24 @@ def _count_tries(monkeypatch, port: int) -> list[bool]:
     return tries
 
 
+def _until_refused(port: int) -> None:
+    """Wait until a connect to `port` is refused: a stopped sshd's listening socket can outlive its
+    master for a moment in a preauth child that has not closed it yet (seen on a loaded machine)."""
+    import socket
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+        except ConnectionRefusedError:
+            return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"port {port} still accepts connections 60 s after its sshd stopped")
+
+
 def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_factory, ssh_client_key, monkeypatch):
     """A host whose sshd comes back within connect_timeout (a reboot, a restart) is reached: the
     first refused try is retried with tenacity's backoff, not reported. sshd starts once a first
@@ -230,6 +248,7 @@ def test_connect_retries_until_sshd_answers(tmp_path, inventory_writer, sshd_fac
     late = sshd_factory()
     host = host_for(tmp_path, inventory_writer, late, ssh_client_key, connect_timeout=120)
     late.stop()
+    _until_refused(host.port)       # no child of the stopped sshd still holds its listening socket
     tries = _count_tries(monkeypatch, host.port)
 
     def start_after_a_refusal():
