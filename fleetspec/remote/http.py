@@ -19,6 +19,15 @@ from fleetspec.remote.observe import _observe
 from fleetspec.remote.ssh_lib import paramiko
 
 
+def check_headers(name: str, headers: dict[str, str] | None) -> None:
+    """A CR/LF in a header value (an API key from the environment) would add headers or a request:
+    refused in one line, before anything is sent."""
+    for k, v in (headers or {}).items():
+        if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
+            raise UserError(f"{name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
+                            f"refusing to send it (check the variable it comes from)")
+
+
 class HttpOverSsh:
     """http() over one connection (`connect` returns its paramiko transport)."""
 
@@ -28,11 +37,7 @@ class HttpOverSsh:
     def http(self, method: str, port: int, path: str, json: Any = None, timeout: float = 5,
              headers: dict[str, str] | None = None) -> HttpResponse:
         """A minimal HTTP/1.1 request to 127.0.0.1:<port> on the host, through a direct-tcpip channel."""
-        for k, v in (headers or {}).items():
-            if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
-                # a CR/LF in a header value (an API key from the environment) would add headers or a request
-                raise UserError(f"{self.name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
-                                f"refusing to send it (check the variable it comes from)")
+        check_headers(self.name, headers)
         began = time.monotonic()
         what = f"{method.upper()} http://127.0.0.1:{port}{path}"
         try:

@@ -20,6 +20,7 @@ from typing import Any
 from fleetspec.errors import RemoteError, UserError
 from fleetspec.remote import limits
 from fleetspec.remote.api import HttpResponse
+from fleetspec.remote.http import check_headers
 from fleetspec.remote.observe import _observe
 
 
@@ -53,10 +54,7 @@ class HttpDirect:
         """One request to `<url><path>` (`port` is the URL's own; a different one is a caller's bug)."""
         if port != self.port:
             raise RemoteError(f"{self.name}: asked for port {port}, the URL's is {self.port}")
-        for k, v in (headers or {}).items():
-            if any(c in f"{k}{v}" for c in "\r\n\0") or not k or ":" in k:
-                raise UserError(f"{self.name}: HTTP header {k!r} holds a CR, LF or NUL (or a bad name); "
-                                f"refusing to send it (check the variable it comes from)")
+        check_headers(self.name, headers)
         began = time.monotonic()
         what = f"{method.upper()} {self.url}{path}"
         try:
